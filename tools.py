@@ -1,0 +1,215 @@
+"""The agent's tools, what the planner and executor are told about them, and how a batch of calls runs.
+
+A tool is a name, metadata that goes into the prompts, and a way to run a command:
+
+    Python_Coder      the executor writes a Python program; sandbox.py runs it in a separate process
+    Local_Search      BM25 over the shipped corpus of fictional encyclopedia articles (search.py)
+    Wikipedia_Search  the real MediaWiki API over HTTP (search.py); needs a network, so opt-in
+    Base_Generator    the frozen LLM answers the command directly
+
+The planner sees each tool's one-line description and limitations; the executor sees the full metadata
+of the one tool it must drive, with an example command. Every call returns text: a failure of any kind
+(unknown tool, empty command, timeout, exception, HTTP error) becomes an "Error: ..." result that is
+recorded in memory like any other, so nothing a tool does can stop a rollout.
+
+Simplifications vs. the official code:
+- Official Python_Coder exec()s model code inside the agent process with a thread "timeout" that
+  cannot stop it; here it is a real sandboxed subprocess (sandbox.py).
+- Official Wikipedia_Search is search -> LLM page choice -> embedding RAG -> LLM summary (four model
+  calls); here it is search -> page extracts, and the planner reads the extracts. Google_Search
+  (Gemini with a paid key) is left out.
+- Base_Generator calls of a whole batch of trajectories go to the LLM in one batched call.
+
+Try the tools by hand:
+    python tools.py run-python FILE      run FILE exactly as Python_Coder does, print the result as JSON
+    python tools.py search "QUERY"       query Local_Search
+"""
+
+import argparse
+import json
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
+from dataclasses import dataclass
+from functools import lru_cache
+
+import sandbox
+import search
+
+
+@dataclass(frozen=True)
+class Tool:
+    """A tool's metadata, rendered into the planner's and executor's prompts."""
+
+    name: str
+    description: str  # what it does, one line (the planner reads this)
+    input: str  # what the command must be
+    output: str  # what comes back
+    limitations: str  # when not to use it (the planner reads this too)
+    example: str  # one example command, shown to the executor
+    kind: str  # "code" (a fenced Python program) or "text" (a one-line command)
+
+
+TOOLS = {
+    t.name: t
+    for t in [
+        Tool(
+            "Python_Coder",
+            "Runs a short Python program and returns what it prints. Use it for arithmetic and exact calculation.",
+            "a complete Python program that prints the result",
+            "the printed output, or an error",
+            "no internet, no files; 10 seconds; only the standard library",
+            "```python\nprint(4821 * 37)\n```",
+            "code",
+        ),
+        Tool(
+            "Local_Search",
+            "Searches an encyclopedia of people, cities, companies and inventions. Use it for facts.",
+            "a short search query naming the person, city, company or invention",
+            "the top matching articles with their titles",
+            "only knows the articles in its corpus; cannot calculate",
+            "Command: founder of Quorvex Dynamics",
+            "text",
+        ),
+        Tool(
+            "Wikipedia_Search",
+            "Searches Wikipedia and returns the introduction of the best pages. Use it for real-world facts.",
+            "a short search query",
+            "page titles with their introductions",
+            "needs internet access; cannot calculate",
+            "Command: capital of Australia",
+            "text",
+        ),
+        Tool(
+            "Base_Generator",
+            "Asks a general language model to answer or explain something in words.",
+            "an instruction or question in plain words",
+            "the model's answer, which may be wrong",
+            "cannot calculate exactly and knows no private facts",
+            "Command: Explain what a prime number is in one sentence.",
+            "text",
+        ),
+    ]
+}
+OFFLINE_TOOLS = ("Python_Coder", "Local_Search", "Base_Generator")  # the default: no network needed
+
+
+def check_tool_names(names) -> tuple[str, ...]:
+    """Validate a tool list from the command line, with an error that lists the choices."""
+    unknown = [n for n in names if n not in TOOLS]
+    if unknown or not names:
+        raise ValueError(f"unknown tool(s) {unknown or names}: choose from {', '.join(TOOLS)}")
+    return tuple(names)
+
+
+def render_for_planner(names) -> str:
+    """The tool list in the planner's prompt: name, what it is for, and its limits."""
+    return "\n".join(f"- {TOOLS[n].name}: {TOOLS[n].description} Limits: {TOOLS[n].limitations}." for n in names)
+
+
+def render_for_executor(name: str) -> str:
+    """The full metadata of one tool, for the executor that must write its command."""
+    t = TOOLS[name]
+    return (
+        f"Tool: {t.name}\nWhat it does: {t.description}\nInput: {t.input}\nOutput: {t.output}\n"
+        f"Limits: {t.limitations}\nExample:\n{t.example}"
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# Running tool calls
+
+
+@lru_cache(maxsize=1)
+def local_search() -> search.LocalSearch:
+    """The BM25 index over data/corpus.jsonl, built once per process (about a second)."""
+    return search.LocalSearch()
+
+
+@dataclass
+class Toolbox:
+    """Runs a batch of (tool, command) calls; returns one text result per call, never raises."""
+
+    names: tuple = OFFLINE_TOOLS  # the tools the planner may choose
+    llm: object = None  # engine for Base_Generator (the frozen model)
+    python_timeout: float = 10.0  # seconds of wall clock per Python_Coder program
+    tool_timeout: float = 30.0  # seconds after which any other tool's call is abandoned
+    wiki_url: str = "https://en.wikipedia.org/w/api.php"  # MediaWiki API endpoint
+    search_k: int = 2  # passages returned by a search
+    generator_tokens: int = 64  # max new tokens of a Base_Generator answer
+
+    def run(self, calls: list[tuple[str, str]]) -> list[str]:
+        results = [""] * len(calls)
+        # 1. Base_Generator calls of the whole batch go to the LLM in one batched generate.
+        llm_rows = [i for i, (tool, cmd) in enumerate(calls) if tool == "Base_Generator" and cmd.strip()]
+        if llm_rows:
+            chats = [[{"role": "user", "content": calls[i][1]}] for i in llm_rows]
+            try:
+                gens = self.llm.generate(chats, max_new_tokens=self.generator_tokens, temperature=0.0)
+                for i, g in zip(llm_rows, gens):
+                    results[i] = f"Error: {g.error}" if g.error else (g.text.strip() or "(empty answer)")
+            except Exception as e:  # a remote engine that fails must not end the rollout
+                for i in llm_rows:
+                    results[i] = f"Error: Base_Generator failed: {type(e).__name__}: {e}"
+        # 2. Everything else runs in threads: Python programs are subprocesses, so they overlap. The
+        #    pool is not joined on exit (shutdown(wait=False)): a tool that hangs is abandoned after
+        #    the deadline instead of holding the rollout hostage.
+        others = [i for i in range(len(calls)) if i not in set(llm_rows)]
+        pool = ThreadPoolExecutor(max_workers=max(1, min(8, len(others))))
+        futures = {i: pool.submit(self.run_one, *calls[i]) for i in others}
+        deadline = time.monotonic() + self.tool_timeout + self.python_timeout
+        for i, fut in futures.items():
+            tool = calls[i][0]
+            try:
+                results[i] = fut.result(timeout=max(0.0, deadline - time.monotonic()))
+            except FutureTimeout:
+                results[i] = f"Error: {tool} did not answer within {self.tool_timeout:.0f} s"
+            except Exception as e:
+                results[i] = f"Error: {tool} failed: {type(e).__name__}: {e}"
+        pool.shutdown(wait=False, cancel_futures=True)
+        return results
+
+    def run_one(self, tool: str, command: str) -> str:
+        """Run a single non-LLM call. Exceptions are turned into error results by `run`."""
+        if tool not in self.names:
+            return f"Error: unknown tool {tool!r}; choose one of {', '.join(self.names)}"
+        if not command.strip():
+            return "Error: the executor produced no command"
+        if tool == "Python_Coder":
+            return sandbox.run_python(command, timeout=self.python_timeout).as_text()
+        if tool == "Local_Search":
+            return local_search().search(command, k=self.search_k)
+        if tool == "Wikipedia_Search":
+            return search.wikipedia_search(command, base_url=self.wiki_url, k=self.search_k, timeout=self.tool_timeout / 3)
+        return f"Error: {tool} needs a language model and cannot run here"
+
+
+def is_error(result: str) -> bool:
+    """Tool results that report a failure start with 'Error:' (the convention of every tool here)."""
+    return result.startswith("Error:")
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description="Try the agent's tools by hand.")
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    p = sub.add_parser("run-python", help="run FILE in the sandbox exactly as Python_Coder does")
+    p.add_argument("file")
+    p.add_argument("--timeout", type=float, default=10.0)
+    s = sub.add_parser("search", help="query Local_Search")
+    s.add_argument("query")
+    s.add_argument("--k", type=int, default=3)
+    args = parser.parse_args(argv)
+    if args.cmd == "run-python":
+        try:
+            code = open(args.file, encoding="utf-8", errors="replace").read()
+        except OSError as e:
+            sys.exit(f"cannot read {args.file}: {e.strerror}")
+        res = sandbox.run_python(code, timeout=args.timeout)
+        print(json.dumps({"ok": res.ok, "output": res.output, "error": res.error, "returncode": res.returncode, "seconds": round(res.seconds, 3)}, indent=2))
+    else:
+        print(local_search().search(args.query, k=args.k))
+
+
+if __name__ == "__main__":
+    main()
