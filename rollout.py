@@ -24,6 +24,8 @@ Simplifications vs. the official code:
 - The verifier is not called after the last allowed turn: its verdict could not change anything.
 - Frozen modules decode greedily (temperature 0) so that the reward varies with the planner's choices,
   not with executor/generator sampling noise. The planner samples at `temperature`.
+- Every module's reply starts with a forced prefix that pins its format (modules.py); for the planner
+  it is part of the prompt s_t, so a_t starts at the tool name.
 - No wall-clock limit per rollout (official: 500 s in training); every tool call has its own timeout.
 
 Run:  python rollout.py --question "What is 4821 * 37?"
@@ -45,7 +47,7 @@ from tools import OFFLINE_TOOLS, Toolbox, check_tool_names, is_error
 class RolloutConfig:
     max_turns: int = 3  # T_max: planner turns per trajectory (paper: 3 in training, 10 in evaluation)
     temperature: float = 0.7  # planner sampling temperature (0 = greedy)
-    analysis_tokens: int = 48  # max new tokens of the query analysis
+    analysis_tokens: int = 48  # max new tokens of the query analysis (0 = skip it)
     planner_tokens: int = 48  # max new tokens of a planner action |a_t|
     executor_tokens: int = 64  # max new tokens of an executor command
     verifier_tokens: int = 12  # max new tokens of a verifier verdict
@@ -109,31 +111,35 @@ def rollout(queries, planner, frozen, toolbox: Toolbox, cfg: RolloutConfig, exam
     """Roll out one trajectory per query (repeat a query G times for a group), all in lockstep."""
     trajs = [Trajectory(q, example=(examples[i] if examples else None)) for i, q in enumerate(queries)]
     # 1. Query analysis, once per trajectory, by the planner model (not a training row).
-    t0 = time.perf_counter()
-    gens = planner.generate([modules.analysis_prompt(q, cfg.tools) for q in queries],
-                            max_new_tokens=cfg.analysis_tokens, temperature=cfg.temperature)
-    for tr, g in zip(trajs, gens):
-        tr.analysis = g.text.strip()
-    _tick(trajs, "analysis", t0)
+    if cfg.analysis_tokens > 0:  # 0 skips it: on a small CPU budget the turns matter more
+        t0 = time.perf_counter()
+        gens = planner.generate([modules.analysis_prompt(q, cfg.tools) for q in queries],
+                                max_new_tokens=cfg.analysis_tokens, temperature=cfg.temperature)
+        for tr, g in zip(trajs, gens):
+            tr.analysis = g.text.strip()
+        _tick(trajs, "analysis", t0)
 
     live = list(trajs)
     for t in range(1, cfg.max_turns + 1):
         # 2. Planner: one batched call for every live trajectory; each response is a Turn.
         t0 = time.perf_counter()
         chats = [modules.planner_prompt(tr.query, tr.analysis, cfg.tools, tr.memory, cfg.memory_chars) for tr in live]
-        gens = planner.generate(chats, max_new_tokens=cfg.planner_tokens, temperature=cfg.temperature)
+        gens = planner.generate(chats, max_new_tokens=cfg.planner_tokens, temperature=cfg.temperature,
+                                prefix=modules.PLANNER_PREFIX)
         for tr, g in zip(live, gens):
-            a = modules.parse_action(g.text, tr.query, cfg.tools)
+            a = modules.parse_action(modules.PLANNER_PREFIX + g.text, tr.query, cfg.tools)
             tr.turns.append(Turn(g.prompt_ids, g.response_ids, g.logprobs, g.text, a.tool, a.sub_goal, a.context, a.valid, g.truncated))
         _tick(live, "planner", t0)
 
         # 3. Executor: commands for the valid actions (an invalid action skips straight to an error step).
         t0 = time.perf_counter()
         need = [tr for tr in live if tr.turns[-1].valid_action]
-        if need:
-            chats = [modules.executor_prompt(tr.query, tr.turns[-1].tool, tr.turns[-1].sub_goal, tr.turns[-1].context) for tr in need]
-            for tr, g in zip(need, frozen.generate(chats, max_new_tokens=cfg.executor_tokens, temperature=0.0)):
-                tr.turns[-1].command = modules.parse_command(g.text, tr.turns[-1].tool)
+        for tool in sorted({tr.turns[-1].tool for tr in need}):  # one batched call per tool (its own prefix)
+            rows = [tr for tr in need if tr.turns[-1].tool == tool]
+            chats = [modules.executor_prompt(tr.query, tool, tr.turns[-1].sub_goal, tr.turns[-1].context) for tr in rows]
+            prefix = modules.executor_prefix(tool)
+            for tr, g in zip(rows, frozen.generate(chats, max_new_tokens=cfg.executor_tokens, temperature=0.0, prefix=prefix)):
+                tr.turns[-1].command = modules.parse_command(prefix + g.text, tool)
         _tick(need, "executor", t0)
 
         # 4. Tools: a batch of (tool, command) calls; failures come back as "Error: ..." text.
@@ -154,11 +160,11 @@ def rollout(queries, planner, frozen, toolbox: Toolbox, cfg: RolloutConfig, exam
             break
         t0 = time.perf_counter()
         chats = [modules.verifier_prompt(tr.query, tr.analysis, tr.memory, cfg.memory_chars) for tr in live]
-        gens = frozen.generate(chats, max_new_tokens=cfg.verifier_tokens, temperature=0.0)
+        gens = frozen.generate(chats, max_new_tokens=cfg.verifier_tokens, temperature=0.0, prefix=modules.VERIFIER_PREFIX)
         _tick(live, "verifier", t0)
         still = []
         for tr, g in zip(live, gens):
-            verdict = modules.parse_verdict(g.text)
+            verdict = modules.parse_verdict(modules.VERIFIER_PREFIX + g.text)
             tr.turns[-1].verdict = tr.memory.steps[-1].verdict = verdict
             if verdict == "STOP":
                 tr.stop_reason = "verifier"
@@ -171,9 +177,10 @@ def rollout(queries, planner, frozen, toolbox: Toolbox, cfg: RolloutConfig, exam
     # 6. Generator: one batched call writes every final answer.
     t0 = time.perf_counter()
     chats = [modules.generator_prompt(tr.query, tr.memory, cfg.memory_chars) for tr in trajs]
-    for tr, g in zip(trajs, frozen.generate(chats, max_new_tokens=cfg.generator_tokens, temperature=0.0)):
-        tr.final_output = g.text.strip()
-        tr.answer = modules.parse_answer(g.text)
+    gens = frozen.generate(chats, max_new_tokens=cfg.generator_tokens, temperature=0.0, prefix=modules.ANSWER_PREFIX)
+    for tr, g in zip(trajs, gens):
+        tr.final_output = modules.ANSWER_PREFIX + g.text
+        tr.answer = modules.parse_answer(tr.final_output)
     _tick(trajs, "generator", t0)
     return trajs
 
@@ -201,7 +208,7 @@ def format_trajectory(tr: Trajectory) -> str:
     lines = [f"QUESTION: {tr.query}", f"ANALYSIS: {tr.analysis}"]
     for i, t in enumerate(tr.turns, 1):
         lines.append(f"--- turn {i}: tool={t.tool or '(invalid)'}  sub-goal={t.sub_goal!r}")
-        lines.append("    planner: " + t.planner_text.strip().replace("\n", "\n             "))
+        lines.append("    planner: " + (modules.PLANNER_PREFIX + t.planner_text).strip().replace("\n", "\n             "))
         lines.append("    command: " + (t.command or "(none)").replace("\n", "\n             "))
         lines.append("    result:  " + t.result[:400].replace("\n", "\n             "))
         if t.verdict:

@@ -56,37 +56,37 @@ TOOLS = {
     for t in [
         Tool(
             "Python_Coder",
-            "Runs a short Python program and returns what it prints. Use it for arithmetic and exact calculation.",
+            "runs a Python program and returns what it prints; for arithmetic and exact calculation",
             "a complete Python program that prints the result",
             "the printed output, or an error",
-            "no internet, no files; 10 seconds; only the standard library",
+            "no internet or files, 10 s",
             "```python\nprint(4821 * 37)\n```",
             "code",
         ),
         Tool(
             "Local_Search",
-            "Searches an encyclopedia of people, cities, companies and inventions. Use it for facts.",
+            "searches an encyclopedia of people, cities, companies and inventions; for facts",
             "a short search query naming the person, city, company or invention",
             "the top matching articles with their titles",
-            "only knows the articles in its corpus; cannot calculate",
+            "only its own articles; cannot calculate",
             "Command: founder of Quorvex Dynamics",
             "text",
         ),
         Tool(
             "Wikipedia_Search",
-            "Searches Wikipedia and returns the introduction of the best pages. Use it for real-world facts.",
+            "searches Wikipedia and returns the introductions of the best pages; for real-world facts",
             "a short search query",
             "page titles with their introductions",
-            "needs internet access; cannot calculate",
+            "needs internet; cannot calculate",
             "Command: capital of Australia",
             "text",
         ),
         Tool(
             "Base_Generator",
-            "Asks a general language model to answer or explain something in words.",
+            "asks a language model to answer in words",
             "an instruction or question in plain words",
             "the model's answer, which may be wrong",
-            "cannot calculate exactly and knows no private facts",
+            "cannot calculate exactly; knows no private facts",
             "Command: Explain what a prime number is in one sentence.",
             "text",
         ),
@@ -105,7 +105,7 @@ def check_tool_names(names) -> tuple[str, ...]:
 
 def render_for_planner(names) -> str:
     """The tool list in the planner's prompt: name, what it is for, and its limits."""
-    return "\n".join(f"- {TOOLS[n].name}: {TOOLS[n].description} Limits: {TOOLS[n].limitations}." for n in names)
+    return "\n".join(f"- {TOOLS[n].name}: {TOOLS[n].description} ({TOOLS[n].limitations})" for n in names)
 
 
 def render_for_executor(name: str) -> str:

@@ -47,7 +47,7 @@ class ScriptedEngine:
         self.verdicts = list(verdicts)  # one verdict per verifier row, consumed in order
         self.calls = []
 
-    def generate(self, chats, max_new_tokens=64, temperature=0.7):
+    def generate(self, chats, max_new_tokens=64, temperature=0.7, prefix=""):
         out = []
         for chat in chats:
             system = chat[0]["content"]
@@ -62,6 +62,7 @@ class ScriptedEngine:
             else:
                 text = "Answer: 178377"
             self.calls.append(system)
+            text = text[len(prefix):] if text.startswith(prefix) else text  # the reply continues the prefix
             out.append(Generation(text, [1, 2], [3, 4], [-0.1, -0.2]))
         return out
 
@@ -84,7 +85,7 @@ def test_a_planner_that_never_names_a_tool_still_ends_with_an_answer_and_is_coun
             gens = super().generate(chats, **kw)
             for chat, g in zip(chats, gens):
                 if "plan the next step" in chat[0]["content"]:
-                    g.text = "I like turtles."
+                    g.text = " I like turtles."
             return gens
 
     eng = Garbage(["CONTINUE"] * 10)

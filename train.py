@@ -1,0 +1,479 @@
+"""Flow-GRPO: train the AgentFlow planner on-policy, inside the live multi-turn loop.
+
+One training step (the paper's Algorithm 1, with the official code's batching):
+
+    1. rollout     sample Q questions; roll out G trajectories each with the current planner (no grad)
+    2. reward      R_i = score(final answer of tau_i, gold) in {0, 1}: a verifiable reward, no judge
+    3. advantage   A_i = (R_i - mean_G R) / (std_G R + eps), broadcast to every planner turn of tau_i
+    4. rows        one training row per planner turn: prompt s_t + response a_t, loss mask on a_t only
+    5. loss        clipped surrogate + beta * KL(pi_theta || pi_ref), over micro-batches of rows
+                   sorted by length, gradients accumulated with Accelerate (no_sync, then backward)
+    6. step        grad clip 1.0 -> AdamW; `questions_per_step / mini_batch_questions` optimiser steps
+                   per rollout batch, `epochs` passes, so the ratio and the clip do real work
+    7. log         one metrics line per step (metrics.jsonl and console), sample trajectories,
+                   atomic checkpoints
+
+Only the planner's next-step call is trained. One frozen copy of the initial weights serves the
+executor, verifier, generator and the Base_Generator tool, and is the KL reference pi_ref.
+
+Simplifications vs. the paper / the official code (see flow_grpo.py for the objective itself):
+- pi_old is the sampling policy: its log-probs are recorded during generation and reused for every
+  mini-batch and epoch (`old_logprobs=sample`); on GPU in bf16 the sampling and training kernels
+  differ, so `old_logprobs=recompute` runs one no-grad forward pass before the updates, as verl does.
+- The reward is rule-based (tasks.score); the official reward is a GPT-4o judge.
+- Every process rolls out its own questions; there is no separate inference server.
+- The per-step RNG seed is derived from (seed, step, rank), so a resumed run samples exactly what an
+  uninterrupted run would have.
+
+Run:   python train.py --preset cpu                  (the embedded model on this CPU)
+       accelerate launch train.py --model Qwen/Qwen2.5-7B-Instruct --bf16   (GPUs)
+       python train.py --resume runs/flow-grpo       (continue from the last complete checkpoint)
+Test:  python -m pytest -q tests/test_train.py
+"""
+
+import argparse
+import contextlib
+import dataclasses
+import hashlib
+import inspect
+import json
+import math
+import re
+import sys
+import time
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from accelerate import Accelerator
+from tqdm import tqdm
+
+import checkpoint
+import tasks
+from engine import EMBEDDED, HFEngine, load_model
+from flow_grpo import AGGREGATIONS, KL_KINDS, agg_loss, entropy_from_logits, group_advantages, kl_penalty, policy_loss, token_logprobs
+from rollout import RolloutConfig, format_trajectory, rollout, rollout_stats
+from tools import Toolbox, check_tool_names
+
+
+@dataclass
+class Config:
+    # model
+    model: str = EMBEDDED  # initial planner weights and frozen modules: HF id, folder, or 'embedded' (SmolLM2-135M)
+    bf16: bool = False  # bf16 autocast on GPU; the frozen copy is then held in bf16
+    # data
+    data: str = "mixed"  # training questions: a suite (arithmetic, game24, lookup, mixed) or a JSON/JSONL file
+    seed: int = 0  # the one seed; per-step rollout seeds derive from (seed, step, rank)
+    # rollout
+    group_size: int = 8  # G: trajectories sampled per question
+    questions_per_step: int = 32  # questions per rollout batch, over all processes (paper: 32)
+    max_turns: int = 3  # T_max: planner turns per trajectory (paper: 3 in training)
+    temperature: float = 0.7  # planner sampling temperature (paper: 0.7)
+    analysis_tokens: int = 48  # max new tokens of the query analysis (0 = skip it)
+    planner_tokens: int = 48  # max new tokens |a_t| of a planner action
+    executor_tokens: int = 64  # max new tokens of an executor command
+    verifier_tokens: int = 12  # max new tokens of a verifier verdict
+    generator_tokens: int = 32  # max new tokens of the final answer
+    memory_chars: int = 900  # budget of the rendered memory in each prompt
+    tools: str = "Python_Coder,Local_Search,Base_Generator"  # tools the planner may choose (comma-separated)
+    # flow-grpo
+    clip_low: float = 0.2  # eps_low
+    clip_high: float = 0.3  # eps_high
+    clip_c: float = 0.0  # dual-clip c for negative advantages (official 3.0; 0 = off, the paper's formula)
+    kl_coef: float = 0.001  # beta
+    kl_kind: str = "low_var_kl"  # KL estimator: low_var_kl (k3, official) or k1
+    agg: str = "token-mean"  # loss aggregation: token-mean (official) or flow (the paper's 1/G 1/T_i 1/|a|)
+    scale_advantages: bool = True  # divide by the group std (paper); off = Dr. GRPO
+    old_logprobs: str = "sample"  # pi_old from the sampling pass ('sample') or a fresh forward ('recompute')
+    # optimisation
+    lr: float = 1e-6  # AdamW learning rate, constant (paper: 1e-6)
+    weight_decay: float = 0.01  # AdamW weight decay (paper: 0.01)
+    grad_clip: float = 1.0  # max global gradient norm (paper: 1.0)
+    mini_batch_questions: int = 8  # questions per optimiser step (paper: 8, so 4 steps per rollout batch)
+    epochs: int = 1  # passes over each rollout batch
+    micro_batch_rows: int = 8  # turn-rows per forward/backward; gradients accumulate over micro-batches
+    steps: int = 100  # training steps (rollout batches)
+    # logging
+    out: str = "runs/flow-grpo"  # run folder: metrics.jsonl, samples/, checkpoints/
+    sample_every: int = 1  # write one question's G trajectories as text every N steps (0 = never)
+    checkpoint_every: int = 10  # save a checkpoint every N steps (and at the end)
+    resume: str = ""  # run or checkpoint folder to continue from
+
+
+PRESETS = {
+    # The embedded 135M model on two CPU cores: small groups, short outputs, a higher learning rate
+    # (a 135M model moves little at the 7B rate of 1e-6 in a few dozen steps).
+    "cpu": dict(model=EMBEDDED, data="mixed", group_size=4, questions_per_step=2, mini_batch_questions=2,
+                max_turns=2, analysis_tokens=0, planner_tokens=24, executor_tokens=40, verifier_tokens=6,
+                generator_tokens=16, memory_chars=600, lr=2e-6, steps=20, checkpoint_every=5),
+}
+
+# One-line help per field, read from the comments above so that they are written once.
+_HELP = dict(re.findall(r"^    (\w+): .*?  # (.*)$", inspect.getsource(Config), flags=re.M))
+
+
+def parse_args(argv=None) -> tuple[Config, set]:
+    """Config from defaults < --preset < command line; also returns the fields set on the command line."""
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--preset", choices=sorted(PRESETS), help="a named set of defaults")
+    for f in dataclasses.fields(Config):
+        flag = "--" + f.name.replace("_", "-")
+        if f.type in (bool, "bool"):
+            p.add_argument(flag, action=argparse.BooleanOptionalAction, default=None, help=_HELP.get(f.name))
+        else:
+            p.add_argument(flag, type=type(f.default), default=None, help=_HELP.get(f.name))
+    args = p.parse_args(argv)
+    given = {k for k, v in vars(args).items() if v is not None and k != "preset"}
+    values = dict(PRESETS[args.preset]) if args.preset else {}
+    values.update({k: getattr(args, k) for k in given})
+    return Config(**values), given
+
+
+def validate(cfg: Config, world: int = 1):
+    """Reject settings that cannot work, before any work starts, with what to change."""
+    checks = [
+        (cfg.group_size >= 2, f"--group-size {cfg.group_size}: G must be >= 2 (advantages compare trajectories within a group)"),
+        (cfg.clip_low > 0 and cfg.clip_high > 0, "--clip-low and --clip-high must be > 0"),
+        (cfg.clip_c == 0 or cfg.clip_c > 1, f"--clip-c {cfg.clip_c}: the dual clip needs c > 1 (or 0 to turn it off)"),
+        (cfg.max_turns >= 1, f"--max-turns {cfg.max_turns}: must be >= 1"),
+        (cfg.temperature > 0, "--temperature must be > 0: Flow-GRPO needs sampled, not greedy, trajectories"),
+        (cfg.lr > 0 and cfg.steps >= 1, "--lr must be > 0 and --steps >= 1"),
+        (cfg.agg in AGGREGATIONS, f"--agg {cfg.agg!r}: choose from {', '.join(AGGREGATIONS)}"),
+        (cfg.kl_kind in KL_KINDS, f"--kl-kind {cfg.kl_kind!r}: choose from {', '.join(KL_KINDS)}"),
+        (cfg.old_logprobs in ("sample", "recompute"), "--old-logprobs must be 'sample' or 'recompute'"),
+        (cfg.mini_batch_questions >= 1 and cfg.questions_per_step % cfg.mini_batch_questions == 0,
+         f"--questions-per-step {cfg.questions_per_step} must be a multiple of --mini-batch-questions {cfg.mini_batch_questions}"),
+        (cfg.mini_batch_questions % world == 0,
+         f"--mini-batch-questions {cfg.mini_batch_questions} must be a multiple of the {world} processes"),
+        (cfg.micro_batch_rows >= 1 and cfg.epochs >= 1, "--micro-batch-rows and --epochs must be >= 1"),
+    ]
+    for ok, message in checks:
+        if not ok:
+            raise SystemExit(f"train.py: {message}")
+    try:
+        check_tool_names([t.strip() for t in cfg.tools.split(",") if t.strip()])
+    except ValueError as e:
+        raise SystemExit(f"train.py: --tools: {e}") from None
+
+
+# ---------------------------------------------------------------------------------------------
+# Training rows: one per planner turn. Left-padded, so every row's response sits at the end and the
+# language-model head only has to run on the last R positions (logits_to_keep), not on the prompt.
+
+
+@dataclass
+class Row:
+    ids: list  # prompt s_t + response a_t token ids, (P + R,)
+    n_resp: int  # R = |a_t|, the number of loss-masked tokens at the end of ids
+    old_logp: list  # log pi_old of each response token, (R,)
+    advantage: float  # A_i of the row's trajectory (the broadcast)
+    turns: int  # T_i, the number of planner turns of the row's trajectory ("flow" aggregation)
+    mini: int  # which mini-batch (optimiser step) the row belongs to
+    ref_logp: list | None = None  # log pi_ref of each response token, (R,)
+
+
+def collate(rows, pad_id: int, device) -> dict:
+    """Left-pad rows into tensors. The loss mask is built from recorded lengths, never from token ids."""
+    B, L, R = len(rows), max(len(r.ids) for r in rows), max(r.n_resp for r in rows)
+    ids = torch.full((B, L), pad_id, dtype=torch.long)
+    attn = torch.zeros((B, L), dtype=torch.long)
+    mask = torch.zeros((B, R))
+    old = torch.zeros((B, R))
+    ref = torch.zeros((B, R))
+    for b, r in enumerate(rows):
+        ids[b, L - len(r.ids):] = torch.tensor(r.ids)
+        attn[b, L - len(r.ids):] = 1
+        mask[b, R - r.n_resp:] = 1
+        old[b, R - r.n_resp:] = torch.tensor(r.old_logp)
+        if r.ref_logp is not None:
+            ref[b, R - r.n_resp:] = torch.tensor(r.ref_logp)
+    batch = dict(input_ids=ids, attention_mask=attn, position_ids=(attn.cumsum(-1) - 1).clamp(min=0),
+                 targets=ids[:, L - R:], mask=mask, old_logp=old, ref_logp=ref,  # (B, L) x3, (B, R) x4
+                 advantages=torch.tensor([r.advantage for r in rows], dtype=torch.float32),  # (B,)
+                 turns=torch.tensor([float(r.turns) for r in rows]))  # (B,)
+    return {k: v.to(device) for k, v in batch.items()}
+
+
+def response_logits(model, batch):
+    """Logits that predict each of the last R tokens: (B, R, V). Position p predicts token p + 1."""
+    R = batch["targets"].shape[1]
+    out = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+                position_ids=batch["position_ids"], logits_to_keep=R + 1, use_cache=False)
+    return out.logits[:, :-1]
+
+
+@torch.no_grad()
+def fill_logprobs(model, rows, attr, pad_id, device, temperature, micro):
+    """Store log pi(a_t) of a no-grad model (reference, or pi_old when recomputed) on every row."""
+    for chunk in micro_batches(rows, micro):
+        batch = collate(chunk, pad_id, device)
+        logp = token_logprobs(response_logits(model, batch), batch["targets"], temperature).float().cpu()
+        for b, r in enumerate(chunk):
+            setattr(r, attr, logp[b, logp.shape[1] - r.n_resp:].tolist())
+
+
+def micro_batches(rows, size):
+    """Rows sorted by length, then cut into micro-batches: little padding per forward pass."""
+    rows = sorted(rows, key=lambda r: len(r.ids))
+    return [rows[i:i + size] for i in range(0, len(rows), size)]
+
+
+def make_rows(trajs, advantages, group_of, questions_per_mini) -> list[Row]:
+    rows = []
+    for tr, adv, g in zip(trajs, advantages.tolist(), group_of):
+        for t in tr.turns:
+            if t.response_ids:  # a zero-length response has no token to train
+                rows.append(Row(t.prompt_ids + t.response_ids, len(t.response_ids), t.logprobs, adv,
+                                len(tr.turns), g // questions_per_mini))
+    return rows
+
+
+# ---------------------------------------------------------------------------------------------
+# The update: clipped surrogate + KL, micro-batches accumulated, one optimiser step per mini-batch.
+
+
+def update(cfg, accelerator, policy, optimizer, rows, n_mini, pad_id) -> dict:
+    stats = {"loss": 0.0, "pg_loss": 0.0, "kl": 0.0, "entropy": 0.0, "clip_frac_low": 0.0, "clip_frac_high": 0.0,
+             "ratio_mean": 0.0, "grad_norm": 0.0, "skipped_updates": 0, "optimizer_steps": 0, "tokens": 0}
+    n_micro_total = 0
+    for epoch in range(cfg.epochs):
+        for mini in range(n_mini):
+            mine = [r for r in rows if r.mini == mini]
+            # The loss of a mini-batch is normalised over ALL processes' rows, so that DDP's gradient
+            # average (divide by the world size) gives exactly the full-batch token-mean / flow value.
+            local = sum(r.n_resp for r in mine) if cfg.agg == "token-mean" else sum(1.0 / r.turns for r in mine)
+            normaliser = accelerator.reduce(torch.tensor(float(local), device=accelerator.device), "sum").item()
+            chunks = micro_batches(mine, cfg.micro_batch_rows)
+            loss_sum = 0.0
+            for i, chunk in enumerate(chunks):
+                batch = collate(chunk, pad_id, accelerator.device)
+                # Accumulate: no gradient all-reduce until the last micro-batch of this mini-batch.
+                sync = i == len(chunks) - 1
+                with contextlib.nullcontext() if sync else accelerator.no_sync(policy), accelerator.autocast():
+                    logits = response_logits(policy, batch)  # (B, R, V)
+                    logp = token_logprobs(logits, batch["targets"], cfg.temperature)  # (B, R)
+                    pg_loss, pg = policy_loss(logp, batch["old_logp"], batch["advantages"], batch["mask"],
+                                              clip_low=cfg.clip_low, clip_high=cfg.clip_high, clip_c=cfg.clip_c or None,
+                                              agg=cfg.agg, turn_counts=batch["turns"], normaliser=normaliser)
+                    per_token_kl = kl_penalty(logp, batch["ref_logp"], cfg.kl_kind)  # (B, R)
+                    kl_loss = agg_loss(per_token_kl, batch["mask"], agg=cfg.agg, turn_counts=batch["turns"], normaliser=normaliser)
+                    loss = pg_loss + cfg.kl_coef * kl_loss  # = -J for these rows
+                    accelerator.backward(loss * accelerator.num_processes)
+                loss_sum += loss.item()
+                with torch.no_grad():
+                    m = batch["mask"].bool()
+                    stats["entropy"] += entropy_from_logits(logits[m][None], cfg.temperature).mean().item() if m.any() else 0.0
+                    stats["kl"] += (per_token_kl[m].mean().item() if m.any() else 0.0)
+                for k in ("clip_frac_low", "clip_frac_high", "ratio_mean"):
+                    stats[k] += float(pg[k])
+                stats["pg_loss"] += pg_loss.item()
+                stats["tokens"] += int(batch["attention_mask"].sum())
+                n_micro_total += 1
+            # One optimiser step per mini-batch; a non-finite gradient is skipped, never applied.
+            grad_norm = accelerator.clip_grad_norm_(policy.parameters(), cfg.grad_clip)
+            grad_norm = float(grad_norm) if grad_norm is not None else 0.0
+            if math.isfinite(grad_norm) and math.isfinite(loss_sum):
+                optimizer.step()
+                stats["optimizer_steps"] += 1
+            else:
+                warnings.warn(f"non-finite loss ({loss_sum}) or gradient norm ({grad_norm}): update skipped")
+                stats["skipped_updates"] += 1
+            optimizer.zero_grad(set_to_none=True)
+            stats["loss"] += loss_sum
+            stats["grad_norm"] = max(stats["grad_norm"], grad_norm) if math.isfinite(grad_norm) else stats["grad_norm"]
+    for k in ("entropy", "kl", "clip_frac_low", "clip_frac_high", "ratio_mean", "pg_loss"):
+        stats[k] /= max(n_micro_total, 1)
+    stats["loss"] /= max(cfg.epochs * n_mini, 1)
+    return stats
+
+
+# ---------------------------------------------------------------------------------------------
+# The loop
+
+
+def step_seed(seed: int, step: int, rank: int) -> int:
+    return int.from_bytes(hashlib.sha256(f"{seed}/{step}/{rank}".encode()).digest()[:4], "little")
+
+
+def questions_for_step(examples, cfg, step, rank, world):
+    """The questions of one step, for this process: a fixed shuffle per epoch of the training set."""
+    q = cfg.questions_per_step
+    start = (step - 1) * q
+    picked = []
+    for k in range(start, start + q):
+        epoch, pos = divmod(k, len(examples))
+        order = np.random.default_rng(cfg.seed + epoch).permutation(len(examples))
+        picked.append(examples[order[pos]])
+    return picked[rank::world]
+
+
+def train(cfg: Config, reward_fn=None, given=frozenset()) -> dict:
+    """Run Flow-GRPO; returns the last step's metrics. reward_fn(traj) -> float overrides tasks.score."""
+    # 0. Resume: the saved config, with what was given on the command line on top (e.g. more --steps).
+    start_step, ckpt = 0, None
+    if cfg.resume:
+        ckpt = checkpoint.find(cfg.resume)
+        saved = checkpoint.load_state(ckpt)
+        cfg = Config(**{**saved["config"], **{k: getattr(cfg, k) for k in given if k != "resume"}, "resume": cfg.resume})
+        start_step = saved["step"]
+    accelerator = Accelerator(mixed_precision="bf16" if cfg.bf16 else "no", cpu=not torch.cuda.is_available())
+    validate(cfg, accelerator.num_processes)
+    rank, world = accelerator.process_index, accelerator.num_processes
+    out = Path(cfg.out)
+    torch.manual_seed(cfg.seed)
+    examples = tasks.load(cfg.data, split="train", seed=cfg.seed)
+    if accelerator.is_main_process:
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "config.json").write_text(json.dumps(dataclasses.asdict(cfg), indent=2))
+        print("config: " + json.dumps(dataclasses.asdict(cfg)), file=sys.stderr)
+
+    # 1. Models: the trainable planner, and ONE frozen copy of the initial weights (executor, verifier,
+    #    generator, Base_Generator and the KL reference).
+    policy, tokenizer = load_model(str(ckpt / "planner") if ckpt else cfg.model, device=accelerator.device)
+    frozen, _ = load_model(cfg.model, dtype=torch.bfloat16 if cfg.bf16 else torch.float32, device=accelerator.device)
+    frozen.requires_grad_(False)
+    policy.train()
+    optimizer = torch.optim.AdamW(policy.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+    policy, optimizer = accelerator.prepare(policy, optimizer)
+    if ckpt:
+        checkpoint.restore(ckpt, optimizer)
+        if accelerator.is_main_process:
+            checkpoint.clean_partial(out)
+            checkpoint.truncate_metrics(out / "metrics.jsonl", start_step)
+    accelerator.wait_for_everyone()
+    tools = check_tool_names([t.strip() for t in cfg.tools.split(",") if t.strip()])
+    rcfg = RolloutConfig(cfg.max_turns, cfg.temperature, cfg.analysis_tokens, cfg.planner_tokens, cfg.executor_tokens,
+                         cfg.verifier_tokens, cfg.generator_tokens, cfg.memory_chars, tools)
+    planner = HFEngine(accelerator.unwrap_model(policy), tokenizer)
+    frozen_engine = HFEngine(frozen, tokenizer)
+    toolbox = Toolbox(tools, llm=frozen_engine)
+    n_mini = cfg.questions_per_step // cfg.mini_batch_questions
+    per_mini = max(cfg.mini_batch_questions // world, 1)
+    metrics = {}
+
+    bar = tqdm(range(start_step + 1, cfg.steps + 1), desc="steps", disable=not accelerator.is_main_process, file=sys.stderr)
+    for step in bar:
+        # ---- 1. rollout: G trajectories per question with the current planner, no gradients --------
+        t0 = time.perf_counter()
+        torch.manual_seed(step_seed(cfg.seed, step, rank))
+        questions = questions_for_step(examples, cfg, step, rank, world)
+        group_of = [g for g in range(len(questions)) for _ in range(cfg.group_size)]
+        policy.eval()
+        trajs = rollout([questions[g]["query"] for g in group_of], planner, frozen_engine, toolbox, rcfg,
+                        examples=[questions[g] for g in group_of])
+        policy.train()
+        rollout_s = time.perf_counter() - t0
+
+        # ---- 2. reward: one verifiable reward per trajectory -------------------------------------
+        for tr in trajs:
+            tr.reward = float(reward_fn(tr)) if reward_fn else tasks.score(tr.final_output, tr.example)
+
+        # ---- 3. advantage: normalised within each group of G, broadcast to every turn -----------
+        rewards = torch.tensor([tr.reward for tr in trajs])
+        advantages = group_advantages(rewards, group_of, scale=cfg.scale_advantages)  # (N,)
+        rows = make_rows(trajs, advantages, group_of, per_mini)
+
+        # ---- 4. reference (and recomputed old) log-probs, no gradients --------------------------
+        t1 = time.perf_counter()
+        pad = tokenizer.pad_token_id
+        if cfg.kl_coef > 0:
+            fill_logprobs(frozen, rows, "ref_logp", pad, accelerator.device, cfg.temperature, cfg.micro_batch_rows)
+        if cfg.old_logprobs == "recompute":
+            policy.eval()
+            fill_logprobs(accelerator.unwrap_model(policy), rows, "old_logp", pad, accelerator.device, cfg.temperature, cfg.micro_batch_rows)
+            policy.train()
+
+        # ---- 5-6. loss and optimiser steps ------------------------------------------------------
+        upd = update(cfg, accelerator, policy, optimizer, rows, n_mini, pad)
+        update_s = time.perf_counter() - t1
+
+        # ---- 7. log: metrics gathered over processes, one line per step -------------------------
+        metrics = step_metrics(step, trajs, rewards, group_of, rows, upd, rollout_s, update_s, accelerator, tools)
+        if accelerator.is_main_process:
+            checkpoint.append_metrics(out / "metrics.jsonl", metrics)
+            bar.write(console_line(metrics, cfg.steps))
+            if cfg.sample_every and step % cfg.sample_every == 0:
+                (out / "samples").mkdir(exist_ok=True)
+                text = "\n\n".join(format_trajectory(tr) for tr in trajs[: cfg.group_size])
+                (out / "samples" / f"step-{step:06d}.txt").write_text(text + "\n")
+        if step % cfg.checkpoint_every == 0 or step == cfg.steps:
+            accelerator.wait_for_everyone()
+            if accelerator.is_main_process:
+                checkpoint.save(out, step, accelerator.unwrap_model(policy), tokenizer, optimizer, dataclasses.asdict(cfg))
+            accelerator.wait_for_everyone()
+    write_param_digest(out, accelerator.unwrap_model(policy), rank)
+    accelerator.end_training()
+    return metrics
+
+
+def step_metrics(step, trajs, rewards, group_of, rows, upd, rollout_s, update_s, accelerator, tools) -> dict:
+    """Per-step metrics; sums are reduced over processes so every figure covers the whole batch."""
+    rs = rollout_stats(trajs)  # tool calls and errors per tool
+    groups = {}
+    for g, r in zip(group_of, rewards.tolist()):
+        groups.setdefault(g, []).append(r)
+    n_resp = [r.n_resp for r in rows]
+    sums = {
+        "n": len(trajs), "reward": float(rewards.sum()), "correct": float((rewards >= 1).sum()),
+        "groups": len(groups), "zero_std": sum(len(set(v)) == 1 for v in groups.values()),
+        "turns": sum(len(t.turns) for t in trajs), "rows": len(rows), "resp_tokens": sum(n_resp),
+        "truncated": sum(t.truncated for tr in trajs for t in tr.turns),
+        "invalid": sum(not t.valid_action for tr in trajs for t in tr.turns),
+        "empty_cmd": sum(t.valid_action and not t.command for tr in trajs for t in tr.turns),
+        "gen_tokens": sum(len(t.response_ids) for tr in trajs for t in tr.turns), "update_tokens": upd["tokens"],
+        **{f"calls/{t}": rs["tool_calls"].get(t, 0) for t in tools + ("(none)",)},
+        **{f"errors/{t}": rs["tool_errors"].get(t, 0) for t in tools + ("(none)",)},
+    }
+    keys = sorted(sums)
+    total = accelerator.reduce(torch.tensor([float(sums[k]) for k in keys], device=accelerator.device), "sum").tolist()
+    s = dict(zip(keys, total))
+    n, turns = max(s["n"], 1), max(s["turns"], 1)
+    return {
+        "step": step,
+        "reward_mean": s["reward"] / n, "accuracy": s["correct"] / n,
+        "frac_reward_zero_std": s["zero_std"] / max(s["groups"], 1),
+        "kl": upd["kl"], "clip_frac_low": upd["clip_frac_low"], "clip_frac_high": upd["clip_frac_high"],
+        "ratio_mean": upd["ratio_mean"], "entropy": upd["entropy"], "loss": upd["loss"], "pg_loss": upd["pg_loss"],
+        "turns_per_traj": s["turns"] / n, "invalid_action_rate": s["invalid"] / turns, "empty_command_rate": s["empty_cmd"] / turns,
+        "tool_calls": {t: int(s[f"calls/{t}"]) for t in tools + ("(none)",)},
+        "tool_errors": {t: int(s[f"errors/{t}"]) for t in tools + ("(none)",)},
+        "response_length": s["resp_tokens"] / max(s["rows"], 1), "truncation_ratio": s["truncated"] / turns,
+        "grad_norm": upd["grad_norm"], "skipped_updates": upd["skipped_updates"], "optimizer_steps": upd["optimizer_steps"],
+        "rollout_s": rollout_s, "update_s": update_s,
+        "rollout_tok_s": s["gen_tokens"] / max(rollout_s, 1e-9), "update_tok_s": s["update_tokens"] / max(update_s, 1e-9),
+    }
+
+
+def console_line(m: dict, steps: int) -> str:
+    short = {"Python_Coder": "py", "Local_Search": "search", "Wikipedia_Search": "wiki", "Base_Generator": "llm", "(none)": "invalid"}
+    tools = " ".join(f"{short.get(t, t)} {c}/{m['tool_errors'][t]}" for t, c in m["tool_calls"].items() if c)
+    return " | ".join([
+        f"step {m['step']}/{steps}", f"reward {m['reward_mean']:.3f}", f"acc {m['accuracy']:.3f}",
+        f"zero_std {m['frac_reward_zero_std']:.2f}", f"kl {m['kl']:.4f}",
+        f"clip {m['clip_frac_low']:.3f}/{m['clip_frac_high']:.3f}", f"ent {m['entropy']:.2f}",
+        f"turns {m['turns_per_traj']:.2f}", f"tools(calls/err) {tools}", f"resp {m['response_length']:.1f}",
+        f"trunc {m['truncation_ratio']:.2f}", f"gnorm {m['grad_norm']:.3f}",
+        f"rollout {m['rollout_s']:.1f}s", f"update {m['update_s']:.1f}s", f"tok/s {m['rollout_tok_s']:.0f}/{m['update_tok_s']:.0f}",
+    ])
+
+
+def write_param_digest(out: Path, model, rank: int):
+    """A digest of the final parameters per process: identical on every rank when DDP kept them in sync."""
+    h = hashlib.sha256()
+    for name, p in sorted(model.state_dict().items()):
+        h.update(name.encode())
+        h.update(p.detach().float().cpu().numpy().tobytes())
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"params-rank{rank}.sha256").write_text(h.hexdigest() + "\n")
+
+
+def main(argv=None):
+    cfg, given = parse_args(argv)
+    validate(cfg)
+    train(cfg, given=given)
+
+
+if __name__ == "__main__":
+    main()
