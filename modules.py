@@ -60,6 +60,17 @@ def executor_prefix(tool: str) -> str:
     return "```python\n" if TOOLS[tool].kind == "code" else "Command:"
 
 
+# Stop strings end a reply once its format is complete, instead of letting a small model ramble on
+# until max_new_tokens: the action is three lines (a blank line ends it), a command, verdict or
+# answer is one line, and a program ends at its closing fence.
+PLANNER_STOP = ("\n\n",)
+LINE_STOP = ("\n",)
+
+
+def executor_stop(tool: str) -> tuple:
+    return ("```",) if TOOLS[tool].kind == "code" else LINE_STOP
+
+
 
 def chat(system: str, user: str) -> list[dict]:
     return [{"role": "system", "content": system}, {"role": "user", "content": user}]

@@ -125,7 +125,7 @@ def rollout(queries, planner, frozen, toolbox: Toolbox, cfg: RolloutConfig, exam
         t0 = time.perf_counter()
         chats = [modules.planner_prompt(tr.query, tr.analysis, cfg.tools, tr.memory, cfg.memory_chars) for tr in live]
         gens = planner.generate(chats, max_new_tokens=cfg.planner_tokens, temperature=cfg.temperature,
-                                prefix=modules.PLANNER_PREFIX)
+                                prefix=modules.PLANNER_PREFIX, stop=modules.PLANNER_STOP)
         for tr, g in zip(live, gens):
             a = modules.parse_action(modules.PLANNER_PREFIX + g.text, tr.query, cfg.tools)
             tr.turns.append(Turn(g.prompt_ids, g.response_ids, g.logprobs, g.text, a.tool, a.sub_goal, a.context, a.valid, g.truncated))
@@ -138,7 +138,8 @@ def rollout(queries, planner, frozen, toolbox: Toolbox, cfg: RolloutConfig, exam
             rows = [tr for tr in need if tr.turns[-1].tool == tool]
             chats = [modules.executor_prompt(tr.query, tool, tr.turns[-1].sub_goal, tr.turns[-1].context) for tr in rows]
             prefix = modules.executor_prefix(tool)
-            for tr, g in zip(rows, frozen.generate(chats, max_new_tokens=cfg.executor_tokens, temperature=0.0, prefix=prefix)):
+            stop = modules.executor_stop(tool)
+            for tr, g in zip(rows, frozen.generate(chats, max_new_tokens=cfg.executor_tokens, temperature=0.0, prefix=prefix, stop=stop)):
                 tr.turns[-1].command = modules.parse_command(prefix + g.text, tool)
         _tick(need, "executor", t0)
 
@@ -160,7 +161,8 @@ def rollout(queries, planner, frozen, toolbox: Toolbox, cfg: RolloutConfig, exam
             break
         t0 = time.perf_counter()
         chats = [modules.verifier_prompt(tr.query, tr.analysis, tr.memory, cfg.memory_chars) for tr in live]
-        gens = frozen.generate(chats, max_new_tokens=cfg.verifier_tokens, temperature=0.0, prefix=modules.VERIFIER_PREFIX)
+        gens = frozen.generate(chats, max_new_tokens=cfg.verifier_tokens, temperature=0.0, prefix=modules.VERIFIER_PREFIX,
+                              stop=modules.LINE_STOP)
         _tick(live, "verifier", t0)
         still = []
         for tr, g in zip(live, gens):
@@ -177,7 +179,8 @@ def rollout(queries, planner, frozen, toolbox: Toolbox, cfg: RolloutConfig, exam
     # 6. Generator: one batched call writes every final answer.
     t0 = time.perf_counter()
     chats = [modules.generator_prompt(tr.query, tr.memory, cfg.memory_chars) for tr in trajs]
-    gens = frozen.generate(chats, max_new_tokens=cfg.generator_tokens, temperature=0.0, prefix=modules.ANSWER_PREFIX)
+    gens = frozen.generate(chats, max_new_tokens=cfg.generator_tokens, temperature=0.0, prefix=modules.ANSWER_PREFIX,
+                           stop=modules.LINE_STOP)
     for tr, g in zip(trajs, gens):
         tr.final_output = modules.ANSWER_PREFIX + g.text
         tr.answer = modules.parse_answer(tr.final_output)

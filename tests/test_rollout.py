@@ -47,7 +47,7 @@ class ScriptedEngine:
         self.verdicts = list(verdicts)  # one verdict per verifier row, consumed in order
         self.calls = []
 
-    def generate(self, chats, max_new_tokens=64, temperature=0.7, prefix=""):
+    def generate(self, chats, max_new_tokens=64, temperature=0.7, prefix="", stop=()):
         out = []
         for chat in chats:
             system = chat[0]["content"]

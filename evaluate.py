@@ -1,0 +1,449 @@
+"""Evaluation: the accuracy table the paper's claim rests on, with honest error bars.
+
+    python evaluate.py --data mixed --n 100 --mode agent  --out runs/eval/agentflow
+    python evaluate.py --data mixed --n 100 --mode direct --out runs/eval/direct
+    python evaluate.py --data mixed --n 100 --checkpoint runs/r1/checkpoints/step-000100 --out runs/eval/trained
+    python evaluate.py --compare runs/eval/direct runs/eval/agentflow runs/eval/trained [--json table.json]
+
+Two systems are measured on the same questions:
+- "direct": the model under test answers alone, no tools (modules.direct_prompt, one batched generate);
+  with --model this is the paper's "Qwen2.5-7B-Instruct alone" row; with --checkpoint it is the trained
+  planner alone (did RL change what the model knows by itself?).
+- "agent": AgentFlow (rollout.py) with the planner = the model under test and the executor, verifier,
+  generator and Base_Generator = the frozen base model. With --model one engine (one copy of the
+  weights) plays every part; with --checkpoint the planner comes from train.py's checkpoint and the
+  frozen modules from the base model it was trained with (state.json's config.model).
+
+Accuracy is a proportion k/n, so each number comes with a 95% Wilson score interval (ASCII math):
+
+    p = k/n,  centre = (p + z^2/(2n)) / (1 + z^2/n),
+    half = z / (1 + z^2/n) * sqrt(p(1-p)/n + z^2/(4n^2)),   interval = centre -/+ half,  z = 1.96
+
+Unlike the normal approximation p -/+ z*sqrt(p(1-p)/n), it never leaves [0, 1] and does not collapse
+to zero width at 0/n or n/n, which is where small evaluations of a 135M model live.
+
+Outputs in --out: summary.json (accuracy, ci95, per-suite breakdown, tool usage, timing),
+results.jsonl (every question with its full trajectory, flushed as it goes) and trajectories.html
+(one static page to read the turns, with a filter that shows only wrong answers).
+
+Simplifications vs. the paper / the official code:
+- Scoring is the rule-based tasks.score by default; the official evaluation asks GPT-4o. --judge
+  asks the frozen base model instead (tasks.judge), which is cheap but is a weak judge at 135M.
+- The planner decodes greedily (--temperature 0) so that a table is reproducible; the official runs
+  sample. Max turns is 10 as in the paper's evaluation; there is no 300 s wall-clock limit per query
+  (every tool call has its own timeout instead).
+
+Test: python -m pytest -q tests/test_evaluate.py
+"""
+
+import argparse
+import html
+import json
+import math
+import sys
+import time
+from collections import Counter
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from types import SimpleNamespace
+
+import torch
+from tqdm import tqdm
+
+import modules
+import tasks
+from engine import EMBEDDED, HFEngine, load_model
+from rollout import RolloutConfig, Trajectory, rollout, rollout_stats
+from tools import OFFLINE_TOOLS, Toolbox, check_tool_names
+
+
+def _opt(default, help: str):
+    """A config field with its one-line help; the command line is built from these."""
+    return field(default=default, metadata={"help": help})
+
+
+@dataclass
+class EvalConfig:
+    # data
+    data: str = _opt("mixed", "a suite (arithmetic, game24, lookup, mixed), a benchmark name, or a JSON/JSONL file")
+    split: str = _opt("test", "split of a generated suite (files and benchmarks ignore it)")
+    n: int = _opt(100, "number of questions (generated suites: n drawn by --seed; files: the first n)")
+    seed: int = _opt(0, "seed of the question draw and of torch")
+    # system under test
+    mode: str = _opt("agent", "agent = AgentFlow with tools; direct = the model answers alone")
+    model: str = _opt(EMBEDDED, "Hugging Face id or folder; 'embedded' = SmolLM2-135M-Instruct")
+    checkpoint: str = _opt("", "train.py checkpoint folder (step-N/ with planner/, or a save_pretrained folder)")
+    frozen_model: str = _opt("", "with --checkpoint: the frozen modules' model (default: state.json's, else embedded)")
+    label: str = _opt("", "system name in tables (default: from mode and model/checkpoint)")
+    device: str = _opt("cpu", "torch device of the models (cpu, cuda)")
+    # rollout (paper evaluation: 10 turns)
+    max_turns: int = _opt(10, "T_max: planner turns per question")
+    temperature: float = _opt(0.0, "planner temperature (0 = greedy); the frozen modules are always greedy")
+    tools: str = _opt(",".join(OFFLINE_TOOLS), "comma-separated tools the planner may use")
+    batch_size: int = _opt(8, "questions rolled out together in lockstep")
+    analysis_tokens: int = _opt(RolloutConfig.analysis_tokens, "max new tokens of the query analysis")
+    planner_tokens: int = _opt(RolloutConfig.planner_tokens, "max new tokens of a planner action")
+    executor_tokens: int = _opt(RolloutConfig.executor_tokens, "max new tokens of an executor command")
+    verifier_tokens: int = _opt(RolloutConfig.verifier_tokens, "max new tokens of a verifier verdict")
+    generator_tokens: int = _opt(RolloutConfig.generator_tokens, "max new tokens of the final answer (also direct mode)")
+    # scoring and output
+    judge: bool = _opt(False, "score with tasks.judge on the frozen model instead of the rule-based tasks.score")
+    out: str = _opt("", "output folder for summary.json, results.jsonl, trajectories.html (required)")
+
+    def rollout_config(self) -> RolloutConfig:
+        return RolloutConfig(max_turns=self.max_turns, temperature=self.temperature, analysis_tokens=self.analysis_tokens,
+                             planner_tokens=self.planner_tokens, executor_tokens=self.executor_tokens,
+                             verifier_tokens=self.verifier_tokens, generator_tokens=self.generator_tokens,
+                             tools=check_tool_names([t.strip() for t in self.tools.split(",") if t.strip()]))
+
+
+# ---------------------------------------------------------------------------------------------
+# Statistics
+
+
+def wilson(k, n, z=1.96) -> tuple[float, float]:
+    """The Wilson score interval of a proportion k/n (see the module docstring); (0, 1) when n = 0.
+
+    >>> [round(x, 4) for x in wilson(5, 10)]
+    [0.2366, 0.7634]
+    """
+    if n < 0 or k < 0 or k > n:
+        raise ValueError(f"need 0 <= k <= n, got k={k}, n={n}")
+    if n == 0:
+        return 0.0, 1.0  # no questions, no information
+    p = k / n
+    denom = 1 + z * z / n
+    centre = (p + z * z / (2 * n)) / denom
+    half = z / denom * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n))
+    # Clamp away float noise such as -1e-17 at k = 0.
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
+def _proportion(scores) -> dict:
+    """accuracy, ci95 and n of a list of 0/1 scores."""
+    k, n = sum(scores), len(scores)
+    return {"accuracy": k / n if n else 0.0, "ci95": list(wilson(k, n)), "n": n, "correct": k}
+
+
+# ---------------------------------------------------------------------------------------------
+# Running the questions
+
+
+def evaluate_examples(examples, planner, frozen, cfg: RolloutConfig, mode, toolbox, batch_size,
+                      judge_engine=None, on_result=None, progress=True) -> list[dict]:
+    """Answer and score every example, batch_size at a time; one record (a JSON-ready dict) each.
+
+    mode "agent" rolls out AgentFlow (planner = the model under test, frozen = the base model);
+    mode "direct" asks `planner` alone with modules.direct_prompt (toolbox and frozen are unused).
+    A record is scored by tasks.score, or by tasks.judge(judge_engine) when one is given, and is
+    passed to on_result(record) as soon as its batch is done (evaluate.py writes it to disk there).
+    """
+    if mode not in ("agent", "direct"):
+        raise ValueError(f"mode must be 'agent' or 'direct', got {mode!r}")
+    records = []
+    bar = tqdm(total=len(examples), unit="q", desc=f"eval {mode}", file=sys.stderr, disable=not progress)
+    for start in range(0, len(examples), batch_size):
+        batch = examples[start:start + batch_size]
+        queries = [ex["query"] for ex in batch]
+        t0 = time.perf_counter()
+        if mode == "agent":
+            trajs = rollout(queries, planner, frozen, toolbox, cfg, examples=batch)
+        else:
+            # The direct baseline gets the agent generator's answer budget and forced "Answer:" prefix.
+            gens = planner.generate([modules.direct_prompt(q) for q in queries], max_new_tokens=cfg.generator_tokens,
+                                    temperature=cfg.temperature, prefix=modules.ANSWER_PREFIX)
+            outputs = [modules.ANSWER_PREFIX + g.text for g in gens]
+            trajs = [Trajectory(q, final_output=text, answer=modules.parse_answer(text), stop_reason="direct", example=ex)
+                     for q, text, ex in zip(queries, outputs, batch)]
+        seconds = (time.perf_counter() - t0) / len(batch)  # the batch ran in lockstep: share its time
+        for ex, tr in zip(batch, trajs):
+            # Score the raw final text: both scorers extract the answer themselves, exactly once.
+            tr.reward = tasks.judge(tr.final_output, ex, judge_engine) if judge_engine else tasks.score(tr.final_output, ex)
+            record = {"id": ex["id"], "suite": ex.get("suite", ""), "task": ex.get("task", ""), "query": ex["query"],
+                      "gold": ex["answer"], "prediction": tr.answer, "score": tr.reward, "correct": tr.reward >= 1.0,
+                      "mode": mode, "turns": len(tr.turns), "stop_reason": tr.stop_reason,
+                      "seconds": round(seconds, 3), "trajectory": tr.to_json()}
+            records.append(record)
+            if on_result:
+                on_result(record)
+        bar.update(len(batch))
+        bar.set_postfix(acc=f"{sum(r['score'] for r in records) / len(records):.3f}")
+    bar.close()
+    return records
+
+
+def summarize(records, seconds=None, **meta) -> dict:
+    """Accuracy with its 95% Wilson interval, per suite and overall, plus the rollout statistics.
+
+    meta (label, mode, data, model, checkpoint, config, ...) is copied into the summary as given.
+    seconds is the total wall time; by default the sum of the records' shares.
+    """
+    total = _proportion([r["score"] for r in records])
+    suites = {}
+    for r in records:  # suites in order of first appearance
+        suites.setdefault(r["suite"], []).append(r["score"])
+    # rollout_stats reads .turns and each turn's .tool/.valid_action/.command/.result: rebuild just
+    # those from the JSON records, so the counts are defined in one place (rollout.py).
+    stats = rollout_stats([SimpleNamespace(turns=[SimpleNamespace(**t) for t in r["trajectory"]["turns"]]) for r in records])
+    seconds = sum(r["seconds"] for r in records) if seconds is None else seconds
+    config = meta.pop("config", None)  # last in the file: the numbers come first
+    return {
+        **meta, **total,
+        "suites": {name: _proportion(scores) for name, scores in suites.items()},
+        "avg_turns": stats["turns_per_traj"], "tool_calls": stats["tool_calls"], "tool_errors": stats["tool_errors"],
+        "invalid_action_rate": stats["invalid_action_rate"], "empty_command_rate": stats["empty_command_rate"],
+        "stop_reasons": dict(Counter(r["stop_reason"] for r in records)),
+        "seconds_per_question": seconds / max(len(records), 1), "total_seconds": seconds,
+        **({"config": config} if config is not None else {}),
+    }
+
+
+def format_summary(s: dict) -> str:
+    """The summary as a few lines for the terminal."""
+    def cell(p):
+        return f"{100 * p['accuracy']:.1f}% [{100 * p['ci95'][0]:.1f}, {100 * p['ci95'][1]:.1f}] ({p['correct']:g}/{p['n']})"
+    lines = [f"{s.get('label', '')}: accuracy {cell(s)}"]
+    lines += [f"  {name}: {cell(p)}" for name, p in s["suites"].items()]
+    lines.append(f"  turns/question {s['avg_turns']:.2f} | invalid actions {s['invalid_action_rate']:.2f} | "
+                 f"empty commands {s['empty_command_rate']:.2f} | tool calls {s['tool_calls']} | tool errors {s['tool_errors']}")
+    lines.append(f"  {s['seconds_per_question']:.2f} s/question, {s['total_seconds']:.1f} s in all")
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------------------------
+# The trajectory viewer: one static page, every model string escaped
+
+
+_CSS = """body{font:14px/1.4 system-ui,sans-serif;margin:1.5em;max-width:70em}
+details{border:1px solid #ccc;border-radius:4px;margin:.4em 0;padding:.3em .6em}
+details.right{border-left:6px solid #2a2}details.wrong{border-left:6px solid #c33}
+summary{cursor:pointer}pre{white-space:pre-wrap;background:#f6f6f6;padding:.3em;margin:.2em 0;max-height:20em;overflow:auto}
+.turn{border-top:1px dashed #bbb;margin-top:.4em}.k{color:#666;font-size:12px}
+body.only-wrong details.right{display:none}"""
+_JS = """document.getElementById('only-wrong').addEventListener('change',
+  e => document.body.classList.toggle('only-wrong', e.target.checked));
+document.getElementById('open-all').addEventListener('click',
+  () => document.querySelectorAll('details').forEach(d => d.open = true));"""
+
+
+def _gold_text(gold) -> str:
+    return " OR ".join(str(g) for g in gold) if isinstance(gold, list) else str(gold)
+
+
+def _block(name: str, text) -> str:
+    return f'<div class="k">{name}</div><pre>{html.escape(str(text))}</pre>'
+
+
+def _record_html(r: dict) -> str:
+    """One question: a summary line that opens to show the analysis, every turn and the answer."""
+    e, traj = html.escape, r["trajectory"]
+    verdict = "right" if r["correct"] else "wrong"
+    parts = [f'<details class="{verdict}"><summary><b>{verdict}</b> [{e(str(r["id"]))}] ({e(str(r["suite"]))}) '
+             f'{e(r["query"][:160])} &mdash; predicted <code>{e(str(r["prediction"])[:80])}</code>, '
+             f'gold <code>{e(_gold_text(r["gold"])[:80])}</code></summary>', _block("question", r["query"])]
+    if traj.get("analysis"):
+        parts.append(_block("query analysis (planner)", traj["analysis"]))
+    for i, t in enumerate(traj["turns"], 1):
+        parts.append(f'<div class="turn"><b>turn {i}</b>: tool <code>{e(t["tool"] or "(invalid)")}</code> '
+                     f'&mdash; sub-goal: {e(t["sub_goal"])}</div>')
+        # The planner's reply was forced to start with PLANNER_PREFIX, which planner_text leaves out.
+        parts += [_block("planner action", modules.PLANNER_PREFIX + t["planner_text"]), _block("command (executor)", t["command"] or "(none)"),
+                  _block("tool result", t["result"])]
+        if t["verdict"]:
+            parts.append(f'<div class="k">verifier: <b>{e(t["verdict"])}</b></div>')
+    if not traj["turns"]:
+        parts.append('<div class="k">no tool turns</div>')
+    parts += [_block(f"final output ({r['stop_reason']})", traj["final_output"]), _block("answer", r["prediction"]),
+              _block("gold", _gold_text(r["gold"])), f"<div>verdict: <b>{verdict}</b> (score {r['score']:g})</div></details>"]
+    return "\n".join(parts)
+
+
+def write_html(records, path, title="AgentFlow trajectories"):
+    """Write a self-contained page (inline CSS and JS, no network) of every record's trajectory."""
+    right = sum(bool(r["correct"]) for r in records)
+    page = (f'<!DOCTYPE html><html><head><meta charset="utf-8"><title>{html.escape(title)}</title>'
+            f"<style>{_CSS}</style></head><body><h2>{html.escape(title)}</h2>"
+            f"<p>{right} of {len(records)} right. <label><input type=checkbox id=only-wrong> show only wrong answers</label> "
+            f"<button id=open-all>open all</button></p>\n" + "\n".join(_record_html(r) for r in records) +
+            f"\n<script>{_JS}</script></body></html>\n")
+    Path(path).write_text(page, encoding="utf-8")
+
+
+# ---------------------------------------------------------------------------------------------
+# Comparing systems side by side
+
+
+def compare(dirs) -> tuple[str, list[dict]]:
+    """(markdown table, entries) of the summary.json files in dirs; rows systems, columns suites + all."""
+    summaries, labels = [], []
+    for d in dirs:
+        path = Path(d) / "summary.json"
+        if not path.is_file():
+            raise SystemExit(f"--compare: {path} not found; run evaluate.py with --out {d} first")
+        try:
+            s = json.loads(path.read_text(encoding="utf-8"))
+        except ValueError as e:
+            raise SystemExit(f"--compare: {path} is not valid JSON ({e}); rerun evaluate.py --out {d}") from None
+        label = (s.get("label") or Path(d).name).replace("|", "/")  # a "|" would split the table cell
+        labels.append(f"{label} ({Path(d).name})" if label in labels else label)  # two runs of one system
+        summaries.append(s)
+    columns = list(dict.fromkeys(name for s in summaries for name in s["suites"])) + ["all"]
+    entries, rows = [], []
+    for label, s in zip(labels, summaries):
+        cells = []
+        for col in columns:
+            p = s if col == "all" else s["suites"].get(col)  # None: this system was not run on that suite
+            if p is not None:
+                low, high = p["ci95"]
+                entries.append({"system": label, "suite": col, "accuracy": p["accuracy"], "ci95_low": low, "ci95_high": high, "n": p["n"]})
+            cells.append("-" if p is None else f"{100 * p['accuracy']:.1f} [{100 * low:.1f}, {100 * high:.1f}] n={p['n']}")
+        rows.append(f"| {label} | " + " | ".join(cells) + " |")
+    header = ["| system | " + " | ".join(columns) + " |", "|---" * (len(columns) + 1) + "|"]
+    note = "\naccuracy % [95% Wilson interval], n questions"
+    return "\n".join(header + rows) + note, entries
+
+
+# ---------------------------------------------------------------------------------------------
+# Loading the system under test
+
+
+def resolve_checkpoint(path: str) -> tuple[Path, str | None]:
+    """(planner folder, base model named in state.json or None); exits naming what is missing."""
+    root = Path(path)
+    if not root.is_dir():
+        raise SystemExit(f"--checkpoint {path}: no such folder")
+    # train.py writes RUN/checkpoints/step-N/{planner/, optimizer.pt, state.json}; a plain
+    # save_pretrained folder (config.json present) is accepted as the planner itself.
+    planner_dir = root if (root / "config.json").is_file() else root / "planner"
+    if not (planner_dir / "config.json").is_file():
+        raise SystemExit(f"checkpoint {path} is incomplete: no config.json in {root} or {root / 'planner'} "
+                         "(expected train.py's step-N folder or a save_pretrained folder)")
+    if not any(planner_dir.glob("*.safetensors")) and not any(planner_dir.glob("pytorch_model*.bin")):
+        raise SystemExit(f"checkpoint {path} is incomplete: no weights (*.safetensors or pytorch_model.bin) in {planner_dir}")
+    if not any((planner_dir / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")):
+        raise SystemExit(f"checkpoint {path} is incomplete: no tokenizer files in {planner_dir}; save the tokenizer with the planner")
+    state = next((d / "state.json" for d in (root, planner_dir.parent) if (d / "state.json").is_file()), None)
+    if state is None:
+        return planner_dir, None
+    try:
+        return planner_dir, json.loads(state.read_text(encoding="utf-8")).get("config", {}).get("model")
+    except (ValueError, OSError, AttributeError) as e:
+        raise SystemExit(f"checkpoint {path}: cannot read {state}: {e}") from None
+
+
+def default_label(cfg: EvalConfig, model_name: str) -> str:
+    """'AgentFlow (run1/step-000100)' or 'SmolLM2-135M-Instruct alone', like the paper's rows."""
+    if cfg.checkpoint:
+        p = Path(cfg.checkpoint).resolve()
+        p = p.parent if p.name == "planner" else p
+        name = "/".join([x for x in p.parts[-3:] if x != "checkpoints"][-2:])
+    else:
+        name = "SmolLM2-135M-Instruct" if model_name in (EMBEDDED, "") else Path(model_name.rstrip("/")).name
+    return f"AgentFlow ({name})" if cfg.mode == "agent" else f"{name} alone"
+
+
+def parse_args(argv=None) -> tuple[EvalConfig, argparse.Namespace]:
+    parser = argparse.ArgumentParser(description="Evaluate AgentFlow or the model alone; or --compare result folders.")
+    for f in fields(EvalConfig):
+        flag = "--" + f.name.replace("_", "-")
+        if f.type is bool:
+            parser.add_argument(flag, action="store_true", help=f.metadata["help"])
+        else:
+            # Default None marks "not given", so that --model together with --checkpoint can be refused.
+            parser.add_argument(flag, type=f.type, default=None, help=f"{f.metadata['help']} (default: {f.default!r})")
+    parser.add_argument("--compare", nargs="+", metavar="DIR", help="print a markdown table of these --out folders")
+    parser.add_argument("--json", metavar="FILE", help="with --compare: also write the table as JSON entries")
+    args = parser.parse_args(argv)
+    if args.compare or args.json:
+        if not args.compare:
+            parser.error("--json needs --compare DIR ...")
+        return EvalConfig(), args
+    if args.model is not None and args.checkpoint is not None:
+        parser.error("give --model or --checkpoint, not both (with --checkpoint, --frozen-model names the base model)")
+    if args.frozen_model is not None and args.checkpoint is None:
+        parser.error("--frozen-model only applies with --checkpoint (with --model one model plays every part)")
+    given = {f.name: getattr(args, f.name) for f in fields(EvalConfig) if getattr(args, f.name) is not None}
+    cfg = EvalConfig(**given)
+    for name, low in (("n", 1), ("batch_size", 1), ("max_turns", 1), ("temperature", 0), ("analysis_tokens", 0),
+                      ("planner_tokens", 1), ("executor_tokens", 1), ("verifier_tokens", 1), ("generator_tokens", 1)):
+        if getattr(cfg, name) < low:
+            parser.error(f"--{name.replace('_', '-')} must be >= {low}, got {getattr(cfg, name)}")
+    if cfg.mode not in ("agent", "direct"):
+        parser.error(f"--mode must be agent or direct, got {cfg.mode!r}")
+    if not cfg.out:
+        parser.error("--out DIR is required: the folder for summary.json, results.jsonl and trajectories.html")
+    try:
+        cfg.rollout_config()  # checks the tool names
+    except ValueError as e:
+        parser.error(str(e))
+    return cfg, args
+
+
+# ---------------------------------------------------------------------------------------------
+
+
+def main(argv=None):
+    cfg, args = parse_args(argv)
+    if args.compare:
+        markdown, entries = compare(args.compare)
+        print(markdown)
+        if args.json:
+            Path(args.json).write_text(json.dumps(entries, indent=2) + "\n", encoding="utf-8")
+        return
+
+    # 1. Questions and checkpoint first: both are cheap to check, model loading is not.
+    try:
+        examples = tasks.load(cfg.data, split=cfg.split, n=cfg.n, seed=cfg.seed)
+    except (ValueError, FileNotFoundError) as e:
+        raise SystemExit(f"evaluate.py: error: --data: {e}") from None
+    if not examples:
+        raise SystemExit(f"evaluate.py: error: --data {cfg.data} holds no examples")
+    if len(examples) < cfg.n:
+        print(f"note: {cfg.data} has only {len(examples)} examples; evaluating those", file=sys.stderr)
+    if cfg.checkpoint:
+        planner_path, base = resolve_checkpoint(cfg.checkpoint)
+        cfg.frozen_model = cfg.frozen_model or base or EMBEDDED
+        model_name = str(planner_path)
+    else:
+        model_name = cfg.model
+    cfg.label = cfg.label or default_label(cfg, model_name)
+    rcfg = cfg.rollout_config()
+    print("config: " + json.dumps(asdict(cfg)), flush=True)
+    torch.manual_seed(cfg.seed)
+
+    # 2. Engines: one for --model; a planner and a frozen one for --checkpoint (frozen only if used).
+    t0 = time.perf_counter()
+    planner = HFEngine(*load_model(model_name, device=cfg.device))
+    frozen = planner
+    if cfg.checkpoint and (cfg.mode == "agent" or cfg.judge):
+        frozen = HFEngine(*load_model(cfg.frozen_model, device=cfg.device))
+    print(f"models loaded in {time.perf_counter() - t0:.1f} s", file=sys.stderr)
+
+    # 3. Run, writing each record as soon as its batch is scored (a crash keeps what was done).
+    out = Path(cfg.out)
+    out.mkdir(parents=True, exist_ok=True)
+    toolbox = Toolbox(rcfg.tools, llm=frozen) if cfg.mode == "agent" else None
+    t0 = time.perf_counter()
+    with open(out / "results.jsonl", "w", encoding="utf-8") as f:
+        def write(record):
+            f.write(json.dumps(record, ensure_ascii=False) + "\n")
+            f.flush()
+
+        records = evaluate_examples(examples, planner, frozen, rcfg, cfg.mode, toolbox, cfg.batch_size,
+                                    judge_engine=frozen if cfg.judge else None, on_result=write)
+    seconds = time.perf_counter() - t0
+
+    # 4. Summary, viewer, and the lines to read in the terminal.
+    summary = summarize(records, seconds=seconds, label=cfg.label, mode=cfg.mode, data=cfg.data, split=cfg.split,
+                        model=cfg.model if not cfg.checkpoint else "", checkpoint=cfg.checkpoint,
+                        frozen_model=cfg.frozen_model or cfg.model, scorer="judge" if cfg.judge else "rule",
+                        tokens_generated=planner.tokens_generated + (frozen.tokens_generated if frozen is not planner else 0),
+                        config=asdict(cfg))
+    (out / "summary.json").write_text(json.dumps(summary, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    write_html(records, out / "trajectories.html", title=f"{cfg.label} on {cfg.data} ({cfg.mode})")
+    print(format_summary(summary))
+    print(f"wrote {out / 'summary.json'}, {out / 'results.jsonl'}, {out / 'trajectories.html'}")
+
+
+if __name__ == "__main__":
+    main()
