@@ -30,8 +30,8 @@ Simplifications vs. the official prompts:
 - The action's fields are asked in the order Tool Name, Sub-Goal, Context (official: Context, Sub-Goal,
   Tool Name, after a Justification). A 135M model loses the format quickly, so the decision that
   matters comes first and survives a response cut at max_new_tokens.
-- No Justification field and no few-shot demonstrations beyond one example line per tool.
-- Every reply starts with a forced prefix ("Tool Name:", "```python", "Command:", "Conclusion:",
+- No Justification field and no few-shot demonstrations (a 135M model copies them verbatim).
+- Every reply starts with a forced prefix ("Tool Name:", "```python\nprint(", "Command:", "Conclusion:",
   "Answer:"). The official system relies on a 7B model following the format; a 135M model does not
   without this help. The direct baseline gets the same "Answer:" prefix, so the comparison is fair.
 
@@ -57,7 +57,10 @@ ANSWER_PREFIX = "Answer:"  # generator and the direct baseline alike
 
 
 def executor_prefix(tool: str) -> str:
-    return "```python\n" if TOOLS[tool].kind == "code" else "Command:"
+    # "print(" makes the program a printed expression: with it the 135M executor computes about half
+    # of the arithmetic test questions right; asked for "a program" it writes def print_result(num)
+    # boilerplate that prints the wrong thing.
+    return "```python\nprint(" if TOOLS[tool].kind == "code" else "Command:"
 
 
 # Stop strings end a reply once its format is complete, instead of letting a small model ramble on
@@ -68,7 +71,7 @@ LINE_STOP = ("\n",)
 
 
 def executor_stop(tool: str) -> tuple:
-    return ("```",) if TOOLS[tool].kind == "code" else LINE_STOP
+    return ("```", "\n") if TOOLS[tool].kind == "code" else LINE_STOP  # a program is one line
 
 
 
@@ -98,15 +101,13 @@ def planner_prompt(query: str, analysis: str, tools, memory: Memory, memory_char
 
 
 def executor_prompt(query: str, tool: str, sub_goal: str, context: str) -> list[dict]:
-    """Executor: the command for the chosen tool."""
-    fmt = (
-        "Write one short Python program that prints the result, in a ```python block."
-        if TOOLS[tool].kind == "code"
-        else "Reply with one line: Command: <the command>"
-    )
+    """Executor: the command for the chosen tool, from the question, the sub-goal and the tool card."""
+    code = TOOLS[tool].kind == "code"
     return chat(
-        "You write the command that runs a tool.",
-        f"Question: {query}\nSub-Goal: {sub_goal}\nContext: {context or 'none'}\n\n{render_for_executor(tool)}\n\n{fmt}",
+        "You write Python code." if code else "You write the input of a tool.",
+        f"Question: {query}\nSub-Goal: {sub_goal}\n" + (f"Context: {context}\n" if context else "")
+        + f"{render_for_executor(tool)}\n"
+        + ("Write one line of Python that prints the answer." if code else "Write the input."),
     )
 
 
@@ -121,20 +122,20 @@ def verifier_prompt(query: str, analysis: str, memory: Memory, memory_chars: int
 
 
 def generator_prompt(query: str, memory: Memory, memory_chars: int = 1200) -> list[dict]:
-    """Generator ("direct" variant): the final answer from the memory."""
+    """Generator ("direct" variant): the final answer from the memory.
+
+    No placeholder such as "<final answer>" in the format line: the 135M model copies it verbatim.
+    """
     return chat(
-        "You answer questions using the results of tools.",
-        f"Question: {query}\n\nSteps so far:\n{memory.render(memory_chars)}\n\n"
-        "Using the results above, give the final answer. Reply with one line:\nAnswer: <final answer>",
+        "You answer questions.",
+        f"Results of the steps so far:\n{memory.render(memory_chars)}\n\nQuestion: {query}\n"
+        "Answer with a number, a name or an expression only.",
     )
 
 
 def direct_prompt(query: str) -> list[dict]:
     """The base model alone, no tools: the baseline every results table needs."""
-    return chat(
-        "You answer questions.",
-        f"Question: {query}\n\nGive the final answer. Reply with one line:\nAnswer: <final answer>",
-    )
+    return chat("You answer questions.", f"Question: {query}\nAnswer with a number, a name or an expression only.")
 
 
 # ---------------------------------------------------------------------------------------------

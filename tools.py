@@ -8,7 +8,7 @@ A tool is a name, metadata that goes into the prompts, and a way to run a comman
     Base_Generator    the frozen LLM answers the command directly
 
 The planner sees each tool's one-line description and limitations; the executor sees the full metadata
-of the one tool it must drive, with an example command. Every call returns text: a failure of any kind
+of the one tool it must drive. Every call returns text: a failure of any kind
 (unknown tool, empty command, timeout, exception, HTTP error) becomes an "Error: ..." result that is
 recorded in memory like any other, so nothing a tool does can stop a rollout.
 
@@ -47,7 +47,6 @@ class Tool:
     input: str  # what the command must be
     output: str  # what comes back
     limitations: str  # when not to use it (the planner reads this too)
-    example: str  # one example command, shown to the executor
     kind: str  # "code" (a fenced Python program) or "text" (a one-line command)
 
 
@@ -57,10 +56,9 @@ TOOLS = {
         Tool(
             "Python_Coder",
             "runs a Python program and returns what it prints; for arithmetic and exact calculation",
-            "a complete Python program that prints the result",
+            "one line of Python that prints the result",
             "the printed output, or an error",
             "no internet or files, 10 s",
-            "```python\nprint(4821 * 37)\n```",
             "code",
         ),
         Tool(
@@ -69,7 +67,6 @@ TOOLS = {
             "a short search query naming the person, city, company or invention",
             "the top matching articles with their titles",
             "only its own articles; cannot calculate",
-            "Command: founder of Quorvex Dynamics",
             "text",
         ),
         Tool(
@@ -78,7 +75,6 @@ TOOLS = {
             "a short search query",
             "page titles with their introductions",
             "needs internet; cannot calculate",
-            "Command: capital of Australia",
             "text",
         ),
         Tool(
@@ -87,7 +83,6 @@ TOOLS = {
             "an instruction or question in plain words",
             "the model's answer, which may be wrong",
             "cannot calculate exactly; knows no private facts",
-            "Command: Explain what a prime number is in one sentence.",
             "text",
         ),
     ]
@@ -109,12 +104,13 @@ def render_for_planner(names) -> str:
 
 
 def render_for_executor(name: str) -> str:
-    """The full metadata of one tool, for the executor that must write its command."""
-    t = TOOLS[name]
-    return (
-        f"Tool: {t.name}\nWhat it does: {t.description}\nInput: {t.input}\nOutput: {t.output}\n"
-        f"Limits: {t.limitations}\nExample:\n{t.example}"
-    )
+    """The card of one tool, for the executor that must write its command.
+
+    Deliberately one line and without an example command: the 135M executor copies any example
+    verbatim (asked "What is 32936 / 92?" it printed the example's 4821 * 37), and a longer card
+    (output, limits) makes it write prose instead of taking the numbers or names from the question.
+    """
+    return f"Tool: {name}. Input: {TOOLS[name].input}."
 
 
 # ---------------------------------------------------------------------------------------------

@@ -16,6 +16,7 @@ import pytest
 
 import evaluate
 import tasks
+import modules
 from engine import Generation
 from rollout import RolloutConfig
 from tools import Toolbox
@@ -83,7 +84,7 @@ class ScriptedEngine:
                 text = "Tool Name: Python_Coder\nSub-Goal: compute it\nContext: none"
             elif "plan how" in system:
                 text = "It asks for a calculation."
-            elif "write the command" in system:
+            elif prefix in (modules.executor_prefix("Python_Coder"), modules.executor_prefix("Local_Search")):
                 text = "```python\nprint(6 * 7)\n```"
             elif "check whether" in system:
                 text = "Conclusion: STOP"

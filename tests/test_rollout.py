@@ -8,6 +8,7 @@ import sys
 
 import torch
 
+import modules
 from engine import Generation
 from rollout import RolloutConfig, format_trajectory, rollout, rollout_stats
 from tools import Toolbox
@@ -55,7 +56,7 @@ class ScriptedEngine:
                 text = "Tool Name: Python_Coder\nSub-Goal: multiply\nContext: none"
             elif "plan how" in system:
                 text = "It asks for a product."
-            elif "write the command" in system:
+            elif prefix in (modules.executor_prefix("Python_Coder"), modules.executor_prefix("Local_Search")):
                 text = "```python\nprint(4821 * 37)\n```"
             elif "check whether" in system:
                 text = "Conclusion: " + self.verdicts.pop(0)
