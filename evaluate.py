@@ -69,6 +69,7 @@ class EvalConfig:
     split: str = _opt("test", "split of a generated suite (files and benchmarks ignore it)")
     n: int = _opt(100, "number of questions (generated suites: n drawn by --seed; files: the first n)")
     seed: int = _opt(0, "seed of the question draw and of torch")
+    skip_bad_rows: bool = _opt(False, "skip (and count) malformed rows of a --data file instead of stopping at the first")
     # system under test
     mode: str = _opt("agent", "agent = AgentFlow with tools; direct = the model answers alone")
     model: str = _opt(EMBEDDED, "Hugging Face id or folder; 'embedded' = SmolLM2-135M-Instruct")
@@ -392,10 +393,13 @@ def main(argv=None):
         return
 
     # 1. Questions and checkpoint first: both are cheap to check, model loading is not.
+    report = {}
     try:
-        examples = tasks.load(cfg.data, split=cfg.split, n=cfg.n, seed=cfg.seed)
+        examples = tasks.load(cfg.data, split=cfg.split, n=cfg.n, seed=cfg.seed, skip_bad_rows=cfg.skip_bad_rows, report=report)
     except (ValueError, FileNotFoundError) as e:
-        raise SystemExit(f"evaluate.py: error: --data: {e}") from None
+        raise SystemExit(f"evaluate.py: error: --data: {e} (or pass --skip-bad-rows to skip and count bad rows)") from None
+    if report.get("skipped"):
+        print(f"skipped {report['skipped']} bad rows of {cfg.data}: " + "; ".join(report["errors"][:3]), file=sys.stderr)
     if not examples:
         raise SystemExit(f"evaluate.py: error: --data {cfg.data} holds no examples")
     if len(examples) < cfg.n:
@@ -434,7 +438,7 @@ def main(argv=None):
     seconds = time.perf_counter() - t0
 
     # 4. Summary, viewer, and the lines to read in the terminal.
-    summary = summarize(records, seconds=seconds, label=cfg.label, mode=cfg.mode, data=cfg.data, split=cfg.split,
+    summary = summarize(records, seconds=seconds, skipped_rows=report.get("skipped", 0), label=cfg.label, mode=cfg.mode, data=cfg.data, split=cfg.split,
                         model=cfg.model if not cfg.checkpoint else "", checkpoint=cfg.checkpoint,
                         frozen_model=cfg.frozen_model or cfg.model, scorer="judge" if cfg.judge else "rule",
                         tokens_generated=planner.tokens_generated + (frozen.tokens_generated if frozen is not planner else 0),

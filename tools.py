@@ -65,7 +65,7 @@ TOOLS = {
             "Local_Search",
             "searches an encyclopedia of people, cities, companies and inventions; for facts",
             "a short search query naming the person, city, company or invention",
-            "the top matching articles with their titles",
+            "the best matching articles",
             "only its own articles; cannot calculate",
             "text",
         ),
@@ -73,7 +73,7 @@ TOOLS = {
             "Wikipedia_Search",
             "searches Wikipedia and returns the introductions of the best pages; for real-world facts",
             "a short search query",
-            "page titles with their introductions",
+            "page introductions",
             "needs internet; cannot calculate",
             "text",
         ),
@@ -81,7 +81,7 @@ TOOLS = {
             "Base_Generator",
             "asks a language model to answer in words",
             "an instruction or question in plain words",
-            "the model's answer, which may be wrong",
+            "an answer that may be wrong",
             "cannot calculate exactly; knows no private facts",
             "text",
         ),
@@ -100,7 +100,7 @@ def check_tool_names(names) -> tuple[str, ...]:
 
 def render_for_planner(names) -> str:
     """The tool list in the planner's prompt: name, what it is for, and its limits."""
-    return "\n".join(f"- {TOOLS[n].name}: {TOOLS[n].description} ({TOOLS[n].limitations})" for n in names)
+    return "\n".join(f"- {TOOLS[n].name}: {TOOLS[n].description}; gives {TOOLS[n].output} ({TOOLS[n].limitations})" for n in names)
 
 
 def render_for_executor(name: str) -> str:

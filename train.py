@@ -64,6 +64,7 @@ class Config:
     # data
     data: str = "mixed"  # training questions: a suite (arithmetic, game24, lookup, mixed) or a JSON/JSONL file
     seed: int = 0  # the one seed; per-step rollout seeds derive from (seed, step, rank)
+    skip_bad_rows: bool = False  # skip (and count) malformed rows of a --data file instead of stopping at the first
     # rollout
     group_size: int = 8  # G: trajectories sampled per question
     questions_per_step: int = 32  # questions per rollout batch, over all processes (paper: 32)
@@ -190,7 +191,15 @@ def train(cfg: Config, reward_fn=None, given=frozenset()) -> dict:
     rank, world = accelerator.process_index, accelerator.num_processes
     out = Path(cfg.out)
     torch.manual_seed(cfg.seed)
-    examples = tasks.load(cfg.data, split="train", seed=cfg.seed)
+    report = {}
+    try:
+        examples = tasks.load(cfg.data, split="train", seed=cfg.seed, skip_bad_rows=cfg.skip_bad_rows, report=report)
+    except (ValueError, FileNotFoundError) as e:
+        raise SystemExit(f"train.py: --data: {e} (or pass --skip-bad-rows to skip and count bad rows)") from None
+    if not examples:
+        raise SystemExit(f"train.py: --data {cfg.data} holds no usable question")
+    if report.get("skipped") and accelerator.is_main_process:
+        print(f"skipped {report['skipped']} bad rows of {cfg.data}: " + "; ".join(report["errors"][:3]), file=sys.stderr)
     if accelerator.is_main_process:
         out.mkdir(parents=True, exist_ok=True)
         (out / "config.json").write_text(json.dumps(dataclasses.asdict(cfg), indent=2))
