@@ -34,15 +34,16 @@ STEP_DIR = re.compile(r"^step-(\d{6})$")
 REQUIRED = ("planner/config.json", "optimizer.pt", "rng.pt", "state.json")
 
 
-def save(run_dir, step: int, model, tokenizer, optimizer, config: dict) -> Path:
-    """Write RUN/checkpoints/step-XXXXXX atomically; return its path."""
+def save(run_dir, step: int, model, tokenizer, optimizer, config: dict, state_dict=None) -> Path:
+    """Write RUN/checkpoints/step-XXXXXX atomically; return its path. `state_dict`: the full weights
+    when the model is sharded (Accelerator.get_state_dict), else the model's own are used."""
     root = Path(run_dir) / "checkpoints"
     root.mkdir(parents=True, exist_ok=True)
     final = root / f"step-{step:06d}"
     tmp = root / f".tmp-step-{step:06d}-{os.getpid()}"
     if tmp.exists():
         shutil.rmtree(tmp)
-    model.save_pretrained(tmp / "planner")
+    model.save_pretrained(tmp / "planner", state_dict=state_dict)
     tokenizer.save_pretrained(tmp / "planner")
     torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
     torch.save({"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}, tmp / "rng.pt")

@@ -32,10 +32,12 @@ Test:  python -m pytest -q tests/test_train.py
 """
 
 import argparse
+import contextlib
 import dataclasses
 import hashlib
 import inspect
 import json
+import os
 import re
 import sys
 import time
@@ -44,10 +46,11 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from accelerate import Accelerator
+from accelerate import Accelerator, DistributedType
 from tqdm import tqdm
 
 import checkpoint
+import sizing
 import tasks
 from engine import EMBEDDED, HFEngine, load_model
 from flow_grpo import AGGREGATIONS, KL_KINDS, group_advantages
@@ -61,6 +64,7 @@ class Config:
     # model
     model: str = EMBEDDED  # initial planner weights and frozen modules: HF id, folder, or 'embedded' (SmolLM2-135M)
     bf16: bool = False  # bf16 autocast on GPU; the frozen copy is then held in bf16
+    gradient_checkpointing: bool = False  # recompute activations in the backward pass: less memory, ~30% more time
     # data
     data: str = "mixed"  # training questions: a suite (arithmetic, game24, lookup, mixed) or a JSON/JSONL file
     seed: int = 0  # the one seed; per-step rollout seeds derive from (seed, step, rank)
@@ -99,9 +103,19 @@ class Config:
     sample_every: int = 1  # write one question's G trajectories as text every N steps (0 = never)
     checkpoint_every: int = 10  # save a checkpoint every N steps (and at the end)
     resume: str = ""  # run or checkpoint folder to continue from
+    dry_run: bool = False  # print the resolved config and the memory estimate, then exit (loads nothing)
 
 
 PRESETS = {
+    # The official recipe (the paper's Sec. 4 and the official training script): Qwen2.5-7B-Instruct,
+    # G = 8, 32 questions per step in mini-batches of 8, lr 1e-6, clip 0.2/0.3, beta 0.001 low_var_kl,
+    # 3 turns in training, temperature 0.7, bf16 with gradient checkpointing; old log-probs recomputed
+    # because bf16 sampling and training kernels disagree. Launch with configs/accelerate_8gpu_fsdp.yaml.
+    "paper": dict(model="Qwen/Qwen2.5-7B-Instruct", group_size=8, questions_per_step=32, mini_batch_questions=8,
+                  lr=1e-6, clip_low=0.2, clip_high=0.3, kl_coef=0.001, kl_kind="low_var_kl", max_turns=3,
+                  temperature=0.7, bf16=True, gradient_checkpointing=True, old_logprobs="recompute",
+                  analysis_tokens=256, planner_tokens=256, executor_tokens=512, verifier_tokens=64,
+                  generator_tokens=512, memory_chars=16000, micro_batch_rows=4, steps=500, checkpoint_every=25),
     # The embedded 135M model on two CPU cores: small groups, short outputs, a higher learning rate
     # (a 135M model moves little at the 7B rate of 1e-6 in a few dozen steps).
     "cpu": dict(model=EMBEDDED, data="mixed", group_size=4, questions_per_step=2, mini_batch_questions=2,
@@ -161,6 +175,17 @@ def validate(cfg: Config, world: int = 1):
 # The loop
 
 
+def full_weights(accelerator, policy):
+    """Generation needs whole weights. Under FSDP each rank holds a shard of every tensor, so the
+    rollout runs inside summon_full_params (a 7B model in bf16 is 15 GB per GPU for that time).
+    NOTE: written for GPUs and not exercised by the CPU tests; DDP and single-process runs use a no-op."""
+    if accelerator.distributed_type == DistributedType.FSDP:
+        from torch.distributed.fsdp import FullyShardedDataParallel
+
+        return FullyShardedDataParallel.summon_full_params(policy, writeback=False)
+    return contextlib.nullcontext()
+
+
 def step_seed(seed: int, step: int, rank: int) -> int:
     return int.from_bytes(hashlib.sha256(f"{seed}/{step}/{rank}".encode()).digest()[:4], "little")
 
@@ -210,6 +235,8 @@ def train(cfg: Config, reward_fn=None, given=frozenset()) -> dict:
     policy, tokenizer = load_model(str(ckpt / "planner") if ckpt else cfg.model, device=accelerator.device)
     frozen, _ = load_model(cfg.model, dtype=torch.bfloat16 if cfg.bf16 else torch.float32, device=accelerator.device)
     frozen.requires_grad_(False)
+    if cfg.gradient_checkpointing:
+        policy.gradient_checkpointing_enable()
     policy.train()
     optimizer = torch.optim.AdamW(policy.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     policy, optimizer = accelerator.prepare(policy, optimizer)
@@ -219,6 +246,8 @@ def train(cfg: Config, reward_fn=None, given=frozenset()) -> dict:
             checkpoint.clean_partial(out)
             checkpoint.truncate_metrics(out / "metrics.jsonl", start_step)
     accelerator.wait_for_everyone()
+    if accelerator.is_main_process:
+        print(memory_report(cfg, world, accelerator.distributed_type == DistributedType.FSDP), file=sys.stderr)
     tools = check_tool_names([t.strip() for t in cfg.tools.split(",") if t.strip()])
     rcfg = RolloutConfig(cfg.max_turns, cfg.temperature, cfg.analysis_tokens, cfg.planner_tokens, cfg.executor_tokens,
                          cfg.verifier_tokens, cfg.generator_tokens, cfg.memory_chars, tools)
@@ -237,8 +266,9 @@ def train(cfg: Config, reward_fn=None, given=frozenset()) -> dict:
         questions = questions_for_step(examples, cfg, step, rank, world)
         group_of = [g for g in range(len(questions)) for _ in range(cfg.group_size)]
         policy.eval()
-        trajs = rollout([questions[g]["query"] for g in group_of], planner, frozen_engine, toolbox, rcfg,
-                        examples=[questions[g] for g in group_of])
+        with full_weights(accelerator, policy):
+            trajs = rollout([questions[g]["query"] for g in group_of], planner, frozen_engine, toolbox, rcfg,
+                            examples=[questions[g] for g in group_of])
         policy.train()
         rollout_s = time.perf_counter() - t0
 
@@ -258,7 +288,8 @@ def train(cfg: Config, reward_fn=None, given=frozenset()) -> dict:
             fill_logprobs(frozen, rows, "ref_logp", pad, accelerator.device, cfg.temperature, cfg.micro_batch_rows)
         if cfg.old_logprobs == "recompute":
             policy.eval()
-            fill_logprobs(accelerator.unwrap_model(policy), rows, "old_logp", pad, accelerator.device, cfg.temperature, cfg.micro_batch_rows)
+            with full_weights(accelerator, policy):
+                fill_logprobs(accelerator.unwrap_model(policy), rows, "old_logp", pad, accelerator.device, cfg.temperature, cfg.micro_batch_rows)
             policy.train()
 
         # ---- 5-6. loss and optimiser steps ------------------------------------------------------
@@ -276,8 +307,10 @@ def train(cfg: Config, reward_fn=None, given=frozenset()) -> dict:
                 (out / "samples" / f"step-{step:06d}.txt").write_text(text + "\n")
         if step % cfg.checkpoint_every == 0 or step == cfg.steps:
             accelerator.wait_for_everyone()
+            weights = accelerator.get_state_dict(policy)  # gathered on every rank (a collective under FSDP)
             if accelerator.is_main_process:
-                checkpoint.save(out, step, accelerator.unwrap_model(policy), tokenizer, optimizer, dataclasses.asdict(cfg))
+                checkpoint.save(out, step, accelerator.unwrap_model(policy), tokenizer, optimizer, dataclasses.asdict(cfg),
+                                state_dict=weights)
             accelerator.wait_for_everyone()
     write_param_digest(out, accelerator.unwrap_model(policy), rank)
     accelerator.end_training()
@@ -345,9 +378,26 @@ def write_param_digest(out: Path, model, rank: int):
     (out / f"params-rank{rank}.sha256").write_text(h.hexdigest() + "\n")
 
 
+def memory_report(cfg: Config, gpus: int, sharded: bool) -> str:
+    """sizing.report for this config: the longest row is a full planner prompt plus its response."""
+    row_tokens = cfg.memory_chars // 3 + 400 + cfg.planner_tokens  # ~3 characters a token, ~400 of instructions
+    try:
+        return sizing.report(cfg.model, gpus=gpus, sharded=sharded, bf16=cfg.bf16, checkpointing=cfg.gradient_checkpointing,
+                             micro_rows=cfg.micro_batch_rows, row_tokens=row_tokens, response_tokens=cfg.planner_tokens,
+                             rollout_rows=cfg.questions_per_step * cfg.group_size // gpus)
+    except ValueError as e:
+        return f"memory estimate: {e}"
+
+
 def main(argv=None):
     cfg, given = parse_args(argv)
     validate(cfg)
+    if cfg.dry_run:  # nothing is loaded or downloaded: the config and what it will need
+        print("config: " + json.dumps(dataclasses.asdict(cfg), indent=2))
+        gpus = int(os.environ.get("WORLD_SIZE", "1"))
+        print(memory_report(cfg, gpus, sharded=False))
+        print(memory_report(cfg, 8, sharded=True))
+        return
     train(cfg, given=given)
 
 

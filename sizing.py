@@ -1,0 +1,121 @@
+"""How much accelerator memory a training run needs, estimated before anything is loaded.
+
+train.py prints this at start (and `python train.py --preset paper --dry-run` prints only this), so a
+user knows before launching whether Qwen2.5-7B-Instruct fits on their GPUs. The architecture is read
+from a local model folder's config.json, or from the table of known architectures below: nothing is
+downloaded.
+
+Per GPU, with P parameters, W GPUs and FSDP full sharding (DDP: nothing is sharded):
+
+    policy weights       P x 4 B (fp32: Accelerate's bf16 autocast computes in bf16 but keeps
+                         the trained weights in fp32)                               / W with FSDP
+    gradients            P x 4 B (fp32)                                             / W
+    AdamW states         P x 8 B (exp_avg and exp_avg_sq, fp32)                     / W
+    frozen copy          P x 2 B (bf16, no gradients): executor, verifier, generator, KL reference
+    activations          per micro-batch row of L tokens: L x hidden x layers x ~18 B without
+                         gradient checkpointing (attention and MLP intermediates, bf16), and
+                         L x hidden x layers x 2 B with it (one saved input per layer)
+    logits               rows x R x vocab x 4 B (fp32 log-softmax over the response positions only)
+    rollout KV cache     rows x L x layers x 2 x kv_heads x head_dim x 2 B
+    gathered weights     P x 4 B under FSDP, while the rollout runs (summon_full_params)
+
+The update and the rollout do not overlap, so the peak is the held states plus the larger phase.
+
+These are estimates (the allocator, CUDA context and fragmentation add 1-3 GB); they are meant to
+tell 20 GB from 200 GB, not to predict to the gigabyte.
+
+Test: python -m pytest -q tests/test_scaling.py
+"""
+
+import json
+from pathlib import Path
+
+GB = 1024**3
+
+# Known architectures, from their published config.json files (read once; nothing is downloaded).
+KNOWN = {
+    "Qwen/Qwen2.5-7B-Instruct": dict(hidden_size=3584, intermediate_size=18944, num_hidden_layers=28,
+                                     num_attention_heads=28, num_key_value_heads=4, vocab_size=152064,
+                                     tie_word_embeddings=False),
+    "Qwen/Qwen2.5-3B-Instruct": dict(hidden_size=2048, intermediate_size=11008, num_hidden_layers=36,
+                                     num_attention_heads=16, num_key_value_heads=2, vocab_size=151936,
+                                     tie_word_embeddings=True),
+    "Qwen/Qwen2.5-1.5B-Instruct": dict(hidden_size=1536, intermediate_size=8960, num_hidden_layers=28,
+                                       num_attention_heads=12, num_key_value_heads=2, vocab_size=151936,
+                                       tie_word_embeddings=True),
+    "HuggingFaceTB/SmolLM2-135M-Instruct": dict(hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
+                                                num_attention_heads=9, num_key_value_heads=3, vocab_size=49152,
+                                                tie_word_embeddings=True),
+}
+KNOWN["embedded"] = KNOWN["HuggingFaceTB/SmolLM2-135M-Instruct"]
+
+
+def architecture(model: str) -> dict:
+    """The fields of config.json the estimate needs, from a local folder or the table above."""
+    path = Path(model) / "config.json"
+    if path.exists():
+        cfg = json.loads(path.read_text())
+        cfg = cfg.get("text_config", cfg)  # multimodal wrappers keep the language model's config inside
+        return {k: cfg.get(k, KNOWN["embedded"][k] if k == "tie_word_embeddings" else None) for k in KNOWN["embedded"]}
+    if model in KNOWN:
+        return dict(KNOWN[model])
+    raise ValueError(f"unknown architecture for {model!r}: pass a local model folder (with config.json) or one of "
+                     + ", ".join(k for k in KNOWN if "/" in k))
+
+
+def parameter_count(a: dict) -> int:
+    """Parameters of a Llama/Qwen-style decoder: embeddings, attention, SwiGLU MLP, norms."""
+    h, layers, v = a["hidden_size"], a["num_hidden_layers"], a["vocab_size"]
+    head_dim = h // a["num_attention_heads"]
+    kv = a["num_key_value_heads"] * head_dim
+    attention = h * h * 2 + h * kv * 2 + (h + 2 * kv)  # q, o, k, v projections (+ Qwen's qkv biases)
+    mlp = 3 * h * a["intermediate_size"]
+    per_layer = attention + mlp + 2 * h
+    embeddings = v * h * (1 if a["tie_word_embeddings"] else 2)
+    return layers * per_layer + embeddings + h
+
+
+def estimate(model: str, gpus: int = 1, sharded: bool = False, bf16: bool = True, checkpointing: bool = True,
+             micro_rows: int = 8, row_tokens: int = 4096, response_tokens: int = 512, rollout_rows: int = 64) -> dict:
+    """Estimated GB per GPU for one training step; see the module docstring for each term."""
+    a = architecture(model)
+    p = parameter_count(a)
+    shard = gpus if sharded else 1
+    h, layers = a["hidden_size"], a["num_hidden_layers"]
+    head_dim = h // a["num_attention_heads"]
+    act_per_token = h * layers * (2 if checkpointing else 18)
+    states = {  # held for the whole run
+        "policy_weights": p * 4 / shard,
+        "gradients": p * 4 / shard,
+        "adamw_states": p * 8 / shard,
+        "frozen_copy": p * (2 if bf16 else 4),
+    }
+    update = {  # only during the update
+        "activations": micro_rows * row_tokens * act_per_token,
+        "logits": micro_rows * response_tokens * a["vocab_size"] * 4 * 2,  # logits and their gradient
+    }
+    rollout = {  # only during the rollout; under FSDP the shards are gathered into full fp32 weights
+        "rollout_full_weights": (p * 4) if sharded and gpus > 1 else 0,
+        "rollout_kv_cache": rollout_rows * row_tokens * layers * 2 * a["num_key_value_heads"] * head_dim * 2,
+    }
+    gb = {k: v / GB for k, v in {**states, **update, **rollout}.items()}
+    held = sum(states.values()) / GB
+    gb["peak_update"] = held + sum(update.values()) / GB
+    gb["peak_rollout"] = held + sum(rollout.values()) / GB
+    gb["total"] = max(gb["peak_update"], gb["peak_rollout"])
+    gb["parameters_billion"] = p / 1e9
+    return gb
+
+
+def report(model: str, **kw) -> str:
+    """The estimate as lines a person reads before launching."""
+    e = estimate(model, **kw)
+    where = f"{kw.get('gpus', 1)} GPU(s), {'FSDP-sharded' if kw.get('sharded') else 'replicated (DDP or one device)'}"
+    lines = [f"memory estimate for {model} ({e['parameters_billion']:.2f} B parameters), per GPU, {where}:"]
+    for k, v in e.items():
+        if k not in ("total", "parameters_billion", "peak_update", "peak_rollout"):
+            lines.append(f"  {k:<20} {v:8.2f} GB")
+    lines.append(f"  {'peak in the update':<20} {e['peak_update']:8.2f} GB")
+    lines.append(f"  {'peak in the rollout':<20} {e['peak_rollout']:8.2f} GB")
+    lines.append(f"  {'total (the larger)':<20} {e['total']:8.2f} GB  (+1-3 GB allocator and CUDA context)")
+    return "\n".join(lines)
