@@ -51,6 +51,7 @@ import torch
 from tqdm import tqdm
 
 import modules
+import remote_engine
 import tasks
 from engine import EMBEDDED, HFEngine, load_model
 from rollout import RolloutConfig, Trajectory, rollout, rollout_stats
@@ -75,6 +76,7 @@ class EvalConfig:
     model: str = _opt(EMBEDDED, "Hugging Face id or folder; 'embedded' = SmolLM2-135M-Instruct")
     checkpoint: str = _opt("", "train.py checkpoint folder (step-N/ with planner/, or a save_pretrained folder)")
     frozen_model: str = _opt("", "with --checkpoint: the frozen modules' model (default: state.json's, else embedded)")
+    frozen_engine: str = _opt("", "URL of an OpenAI-compatible server (http://host:port/v1[#model]) for the executor, verifier, generator, Base_Generator and judge")
     label: str = _opt("", "system name in tables (default: from mode and model/checkpoint)")
     device: str = _opt("cpu", "torch device of the models (cpu, cuda)")
     # rollout (paper evaluation: 10 turns)
@@ -419,7 +421,12 @@ def main(argv=None):
     t0 = time.perf_counter()
     planner = HFEngine(*load_model(model_name, device=cfg.device))
     frozen = planner
-    if cfg.checkpoint and (cfg.mode == "agent" or cfg.judge):
+    if cfg.frozen_engine and (cfg.mode == "agent" or cfg.judge):
+        try:
+            frozen = remote_engine.from_url(cfg.frozen_engine)
+        except (ValueError, RuntimeError) as e:
+            raise SystemExit(f"evaluate.py: error: --frozen-engine: {e}") from None
+    elif cfg.checkpoint and (cfg.mode == "agent" or cfg.judge):
         frozen = HFEngine(*load_model(cfg.frozen_model, device=cfg.device))
     print(f"models loaded in {time.perf_counter() - t0:.1f} s", file=sys.stderr)
 

@@ -50,6 +50,7 @@ from accelerate import Accelerator, DistributedType
 from tqdm import tqdm
 
 import checkpoint
+import remote_engine
 import sizing
 import tasks
 from engine import EMBEDDED, HFEngine, load_model
@@ -64,6 +65,7 @@ class Config:
     # model
     model: str = EMBEDDED  # initial planner weights and frozen modules: HF id, folder, or 'embedded' (SmolLM2-135M)
     bf16: bool = False  # bf16 autocast on GPU; the frozen copy is then held in bf16
+    frozen_engine: str = ""  # URL of an OpenAI-compatible server (http://host:port/v1[#model]) for the frozen modules
     gradient_checkpointing: bool = False  # recompute activations in the backward pass: less memory, ~30% more time
     # data
     data: str = "mixed"  # training questions: a suite (arithmetic, game24, lookup, mixed) or a JSON/JSONL file
@@ -230,6 +232,11 @@ def train(cfg: Config, reward_fn=None, given=frozenset()) -> dict:
         (out / "config.json").write_text(json.dumps(dataclasses.asdict(cfg), indent=2))
         print("config: " + json.dumps(dataclasses.asdict(cfg)), file=sys.stderr)
 
+    try:  # a frozen-module server is checked (it must answer /models) before the models are loaded
+        remote = remote_engine.from_url(cfg.frozen_engine) if cfg.frozen_engine else None
+    except (ValueError, RuntimeError) as e:
+        raise SystemExit(f"train.py: --frozen-engine: {e}") from None
+
     # 1. Models: the trainable planner, and ONE frozen copy of the initial weights (executor, verifier,
     #    generator, Base_Generator and the KL reference).
     policy, tokenizer = load_model(str(ckpt / "planner") if ckpt else cfg.model, device=accelerator.device)
@@ -252,7 +259,9 @@ def train(cfg: Config, reward_fn=None, given=frozenset()) -> dict:
     rcfg = RolloutConfig(cfg.max_turns, cfg.temperature, cfg.analysis_tokens, cfg.planner_tokens, cfg.executor_tokens,
                          cfg.verifier_tokens, cfg.generator_tokens, cfg.memory_chars, tools)
     planner = HFEngine(accelerator.unwrap_model(policy), tokenizer)
-    frozen_engine = HFEngine(frozen, tokenizer)
+    # With --frozen-engine the executor, verifier, generator and Base_Generator run on a server; the
+    # local frozen copy then only serves as the KL reference pi_ref.
+    frozen_engine = remote or HFEngine(frozen, tokenizer)
     toolbox = Toolbox(tools, llm=frozen_engine)
     n_mini = cfg.questions_per_step // cfg.mini_batch_questions
     per_mini = max(cfg.mini_batch_questions // world, 1)

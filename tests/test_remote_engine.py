@@ -10,6 +10,8 @@ Run:  python -m pytest -q tests/test_remote_engine.py
 
 import json
 import socket
+import subprocess
+import sys
 import threading
 import time
 from contextlib import contextmanager
@@ -371,3 +373,26 @@ def test_rollout_with_local_planner_and_remote_frozen_modules_completes(tiny_eng
         assert tr.turns[0].response_ids  # the planner's turn stays a training row from the local engine
     generator_calls = [r for r in fake.posts() if r["json"]["messages"][-1] == {"role": "assistant", "content": modules.ANSWER_PREFIX}]
     assert len(generator_calls) == 2 and frozen.tokens_generated > 0
+
+
+def test_train_and_evaluate_route_the_frozen_modules_to_the_server(server_engine, tiny_model_dir, tmp_path):
+    """--frozen-engine: the planner stays the local trainable model; every frozen call goes over HTTP."""
+    from conftest import ROOT
+    from test_train import TINY
+
+    with serve(tiny_reply(server_engine, delay=lambda body: 0)) as (fake, url):
+        res = subprocess.run([sys.executable, "train.py", *TINY, "--model", str(tiny_model_dir), "--out", str(tmp_path / "run"),
+                              "--steps", "1", "--max-turns", "1", "--frozen-engine", url], cwd=ROOT,
+                             capture_output=True, text=True, timeout=300)
+        assert res.returncode == 0, res.stderr[-3000:]
+        after_train = len(fake.posts())
+        assert after_train >= 4  # at least the generator call of each of the 4 trajectories
+        res = subprocess.run([sys.executable, "evaluate.py", "--data", "arithmetic", "--n", "2", "--model", str(tiny_model_dir),
+                              "--max-turns", "1", "--analysis-tokens", "0", "--planner-tokens", "4", "--executor-tokens", "4",
+                              "--generator-tokens", "4", "--out", str(tmp_path / "eval"), "--frozen-engine", url],
+                             cwd=ROOT, capture_output=True, text=True, timeout=300)
+        assert res.returncode == 0, res.stderr[-3000:]
+        assert len(fake.posts()) >= after_train + 2
+    res = subprocess.run([sys.executable, "train.py", *TINY, "--model", str(tiny_model_dir), "--out", str(tmp_path / "x"),
+                          "--frozen-engine", dead_url()], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert res.returncode != 0 and "--frozen-engine" in res.stderr.strip().splitlines()[-1]
