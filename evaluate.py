@@ -154,7 +154,7 @@ def evaluate_examples(examples, planner, frozen, cfg: RolloutConfig, mode, toolb
         else:
             # The direct baseline gets the agent generator's answer budget and forced "Answer:" prefix.
             gens = planner.generate([modules.direct_prompt(q) for q in queries], max_new_tokens=cfg.generator_tokens,
-                                    temperature=cfg.temperature, prefix=modules.ANSWER_PREFIX)
+                                    temperature=cfg.temperature, prefix=modules.ANSWER_PREFIX, stop=modules.LINE_STOP)
             outputs = [modules.ANSWER_PREFIX + g.text for g in gens]
             trajs = [Trajectory(q, final_output=text, answer=modules.parse_answer(text), stop_reason="direct", example=ex)
                      for q, text, ex in zip(queries, outputs, batch)]

@@ -50,12 +50,13 @@ from accelerate import Accelerator, DistributedType
 from tqdm import tqdm
 
 import checkpoint
+from metrics import console_line, step_metrics, test_accuracy, write_param_digest
 import remote_engine
 import sizing
 import tasks
 from engine import EMBEDDED, HFEngine, load_model
 from flow_grpo import AGGREGATIONS, KL_KINDS, group_advantages
-from rollout import RolloutConfig, format_trajectory, rollout, rollout_stats
+from rollout import RolloutConfig, format_trajectory, rollout
 from tools import Toolbox, check_tool_names
 from update import fill_logprobs, make_rows, update
 
@@ -104,11 +105,19 @@ class Config:
     out: str = "runs/flow-grpo"  # run folder: metrics.jsonl, samples/, checkpoints/
     sample_every: int = 1  # write one question's G trajectories as text every N steps (0 = never)
     checkpoint_every: int = 10  # save a checkpoint every N steps (and at the end)
+    eval_every: int = 0  # greedy test accuracy on eval_n test questions of --data every N steps, and before step 1 (0 = never)
+    eval_n: int = 30  # test questions for eval_every (the same ones each time)
     resume: str = ""  # run or checkpoint folder to continue from
     dry_run: bool = False  # print the resolved config and the memory estimate, then exit (loads nothing)
 
 
 PRESETS = {
+    # demo.py's training run on 2 CPU cores: the embedded 135M model, the offline mixed suite, groups of
+    # G = 8, two questions a step, short replies, a learning rate for a 135M model and a few dozen steps.
+    "cpu-demo": dict(model=EMBEDDED, data="mixed", group_size=8, questions_per_step=2, mini_batch_questions=2,
+                     max_turns=2, analysis_tokens=0, planner_tokens=24, executor_tokens=32, verifier_tokens=6,
+                     generator_tokens=16, memory_chars=500, lr=1e-5, steps=20, eval_every=10, eval_n=20,
+                     checkpoint_every=10),
     # The official recipe (the paper's Sec. 4 and the official training script): Qwen2.5-7B-Instruct,
     # G = 8, 32 questions per step in mini-batches of 8, lr 1e-6, clip 0.2/0.3, beta 0.001 low_var_kl,
     # 3 turns in training, temperature 0.7, bf16 with gradient checkpointing; old log-probs recomputed
@@ -267,6 +276,12 @@ def train(cfg: Config, reward_fn=None, given=frozenset()) -> dict:
     per_mini = max(cfg.mini_batch_questions // world, 1)
     metrics = {}
 
+    test_examples = tasks.load(cfg.data, split="test", n=cfg.eval_n, seed=cfg.seed) if cfg.eval_every else []
+    if cfg.eval_every and start_step == 0:  # the untrained planner: step 0 of the learning curve
+        acc = test_accuracy(cfg, planner, frozen_engine, toolbox, rcfg, test_examples, accelerator)
+        if accelerator.is_main_process:
+            checkpoint.append_metrics(out / "metrics.jsonl", {"step": 0, "test_accuracy": acc})
+            print(f"step 0 | test_accuracy {acc:.3f}", file=sys.stderr)
     bar = tqdm(range(start_step + 1, cfg.steps + 1), desc="steps", disable=not accelerator.is_main_process, file=sys.stderr)
     for step in bar:
         # ---- 1. rollout: G trajectories per question with the current planner, no gradients --------
@@ -307,13 +322,15 @@ def train(cfg: Config, reward_fn=None, given=frozenset()) -> dict:
 
         # ---- 7. log: metrics gathered over processes, one line per step -------------------------
         metrics = step_metrics(step, trajs, rewards, group_of, rows, upd, rollout_s, update_s, accelerator, tools)
+        if accelerator.is_main_process and cfg.sample_every and step % cfg.sample_every == 0:
+            (out / "samples").mkdir(exist_ok=True)  # one question's G trajectories, for a person to read
+            text = "\n\n".join(format_trajectory(tr) for tr in trajs[: cfg.group_size])
+            (out / "samples" / f"step-{step:06d}.txt").write_text(text + "\n")
+        if cfg.eval_every and (step % cfg.eval_every == 0 or step == cfg.steps):
+            metrics["test_accuracy"] = test_accuracy(cfg, planner, frozen_engine, toolbox, rcfg, test_examples, accelerator)
         if accelerator.is_main_process:
             checkpoint.append_metrics(out / "metrics.jsonl", metrics)
             bar.write(console_line(metrics, cfg.steps))
-            if cfg.sample_every and step % cfg.sample_every == 0:
-                (out / "samples").mkdir(exist_ok=True)
-                text = "\n\n".join(format_trajectory(tr) for tr in trajs[: cfg.group_size])
-                (out / "samples" / f"step-{step:06d}.txt").write_text(text + "\n")
         if step % cfg.checkpoint_every == 0 or step == cfg.steps:
             accelerator.wait_for_everyone()
             weights = accelerator.get_state_dict(policy)  # gathered on every rank (a collective under FSDP)
@@ -324,67 +341,6 @@ def train(cfg: Config, reward_fn=None, given=frozenset()) -> dict:
     write_param_digest(out, accelerator.unwrap_model(policy), rank)
     accelerator.end_training()
     return metrics
-
-
-def step_metrics(step, trajs, rewards, group_of, rows, upd, rollout_s, update_s, accelerator, tools) -> dict:
-    """Per-step metrics; sums are reduced over processes so every figure covers the whole batch."""
-    rs = rollout_stats(trajs)  # tool calls and errors per tool
-    groups = {}
-    for g, r in zip(group_of, rewards.tolist()):
-        groups.setdefault(g, []).append(r)
-    n_resp = [r.n_resp for r in rows]
-    sums = {
-        "n": len(trajs), "reward": float(rewards.sum()), "correct": float((rewards >= 1).sum()),
-        "groups": len(groups), "zero_std": sum(len(set(v)) == 1 for v in groups.values()),
-        "turns": sum(len(t.turns) for t in trajs), "rows": len(rows), "resp_tokens": sum(n_resp),
-        "truncated": sum(t.truncated for tr in trajs for t in tr.turns),
-        "invalid": sum(not t.valid_action for tr in trajs for t in tr.turns),
-        "empty_cmd": sum(t.valid_action and not t.command for tr in trajs for t in tr.turns),
-        "gen_tokens": sum(len(t.response_ids) for tr in trajs for t in tr.turns), "update_tokens": upd["tokens"],
-        **{f"calls/{t}": rs["tool_calls"].get(t, 0) for t in tools + ("(none)",)},
-        **{f"errors/{t}": rs["tool_errors"].get(t, 0) for t in tools + ("(none)",)},
-    }
-    keys = sorted(sums)
-    total = accelerator.reduce(torch.tensor([float(sums[k]) for k in keys], device=accelerator.device), "sum").tolist()
-    s = dict(zip(keys, total))
-    n, turns = max(s["n"], 1), max(s["turns"], 1)
-    return {
-        "step": step,
-        "reward_mean": s["reward"] / n, "accuracy": s["correct"] / n,
-        "frac_reward_zero_std": s["zero_std"] / max(s["groups"], 1),
-        "kl": upd["kl"], "clip_frac_low": upd["clip_frac_low"], "clip_frac_high": upd["clip_frac_high"],
-        "ratio_mean": upd["ratio_mean"], "entropy": upd["entropy"], "loss": upd["loss"], "pg_loss": upd["pg_loss"],
-        "turns_per_traj": s["turns"] / n, "invalid_action_rate": s["invalid"] / turns, "empty_command_rate": s["empty_cmd"] / turns,
-        "tool_calls": {t: int(s[f"calls/{t}"]) for t in tools + ("(none)",)},
-        "tool_errors": {t: int(s[f"errors/{t}"]) for t in tools + ("(none)",)},
-        "response_length": s["resp_tokens"] / max(s["rows"], 1), "truncation_ratio": s["truncated"] / turns,
-        "grad_norm": upd["grad_norm"], "skipped_updates": upd["skipped_updates"], "optimizer_steps": upd["optimizer_steps"],
-        "rollout_s": rollout_s, "update_s": update_s,
-        "rollout_tok_s": s["gen_tokens"] / max(rollout_s, 1e-9), "update_tok_s": s["update_tokens"] / max(update_s, 1e-9),
-    }
-
-
-def console_line(m: dict, steps: int) -> str:
-    short = {"Python_Coder": "py", "Local_Search": "search", "Wikipedia_Search": "wiki", "Base_Generator": "llm", "(none)": "invalid"}
-    tools = " ".join(f"{short.get(t, t)} {c}/{m['tool_errors'][t]}" for t, c in m["tool_calls"].items() if c)
-    return " | ".join([
-        f"step {m['step']}/{steps}", f"reward {m['reward_mean']:.3f}", f"acc {m['accuracy']:.3f}",
-        f"zero_std {m['frac_reward_zero_std']:.2f}", f"kl {m['kl']:.4f}",
-        f"clip {m['clip_frac_low']:.3f}/{m['clip_frac_high']:.3f}", f"ent {m['entropy']:.2f}",
-        f"turns {m['turns_per_traj']:.2f}", f"tools(calls/err) {tools}", f"resp {m['response_length']:.1f}",
-        f"trunc {m['truncation_ratio']:.2f}", f"gnorm {m['grad_norm']:.3f}",
-        f"rollout {m['rollout_s']:.1f}s", f"update {m['update_s']:.1f}s", f"tok/s {m['rollout_tok_s']:.0f}/{m['update_tok_s']:.0f}",
-    ])
-
-
-def write_param_digest(out: Path, model, rank: int):
-    """A digest of the final parameters per process: identical on every rank when DDP kept them in sync."""
-    h = hashlib.sha256()
-    for name, p in sorted(model.state_dict().items()):
-        h.update(name.encode())
-        h.update(p.detach().float().cpu().numpy().tobytes())
-    out.mkdir(parents=True, exist_ok=True)
-    (out / f"params-rank{rank}.sha256").write_text(h.hexdigest() + "\n")
 
 
 def memory_report(cfg: Config, gpus: int, sharded: bool) -> str:

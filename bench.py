@@ -1,0 +1,378 @@
+"""Benchmark of one Flow-GRPO training step: where the time and the memory go, as ratios.
+
+Every figure is a ratio against a baseline measured IN THE SAME RUN, on the same prompts, rows and
+padding, so it holds on a noisy, shared machine where absolute seconds do not. One question of the
+training data is rolled out G times (a group), exactly as train.py does at one step.
+
+    figure                   how it is measured                                             target
+    rollout_vs_generate      tok/s of rollout.rollout for the group (planner, executor,       >= 0.8
+                             tools, verifier, generator, all in lockstep) / tok/s of a
+                             replay: every engine.generate call the rollout made, recorded by
+                             a thin wrapper (prompt ids, generated length per row), run again
+                             as ONE plain greedy model.generate over the same left-padded
+                             prompts with max_new_tokens = min_new_tokens = the call's longest
+                             row. Both sides count the tokens the rollout produced, so the
+                             ratio is the share of time the agent loop adds (tools, prompt
+                             building, stop strings, ragged lengths).
+    rollout_batched_speedup  seconds of the same G trajectories rolled out one by one          >= 3
+                             (G calls of rollout with one query each) / seconds of the batched
+                             rollout. torch.manual_seed is reset identically before each variant.
+    update_vs_plain          tok/s of the update (reference log-probs by update.fill_logprobs  >= 0.7
+                             from the frozen copy + update.update over the planner-turn rows)
+                             / tok/s of a plain causal-LM forward (full logits, labels=...)
+                             and loss.backward over the same rows, cut into the same
+                             micro-batches with the same left padding. Tokens are the rows'
+                             real (non-pad) tokens. The update's extra work is the reference
+                             forward, the ratio/clip/KL terms and the AdamW step; what it saves
+                             is the language-model head on the prompt (logits_to_keep).
+    pad_fraction             padded positions / all positions of the update's micro-batches     <= 0.25
+    peak_rss_gb              peak resident memory (ru_maxrss) after one full training step:
+                             both models, the group's rollout, the reference pass, the update
+                             and AdamW's state (read before the baselines run)
+    model_copies             distinct parameter bytes held by every model and engine / bytes    <= 2
+                             of one model (policy + frozen copy = 2; a bf16 copy counts 0.5)
+    matmul_gflops            best fp32 torch.matmul GFLOP/s of this machine (1024^2, 2048^2)
+    update_gflops            6 * parameters * update tokens / update seconds, also printed as
+                             a fraction of matmul_gflops: how far the update is from the limit.
+                             6 N T is the usual estimate; it overcounts the embedding (a lookup)
+                             and the tied head on prompt tokens, which the update skips, so on a
+                             model whose parameters are mostly vocabulary it can pass 100%.
+
+Sizes default to train.py's `--preset cpu` with G = 8. Ratios with G = 8 on a 135M model depend on
+the machine: on two shared cores a Python_Coder subprocess or a long prompt weighs more than on a GPU.
+
+Run:   python bench.py                    (the embedded SmolLM2-135M; a few minutes on two cores)
+       python bench.py --model Qwen/Qwen2.5-0.5B-Instruct --group-size 8 --max-turns 3 --out b.json
+Test:  python -m pytest -q tests/test_bench.py
+"""
+
+import argparse
+import json
+import math
+import resource
+import sys
+import time
+from pathlib import Path
+
+import torch
+from accelerate import Accelerator
+
+import tasks
+from engine import EMBEDDED, HFEngine, load_model
+from flow_grpo import group_advantages
+from rollout import RolloutConfig, rollout
+from tools import Toolbox, check_tool_names, local_search
+from train import PRESETS, Config, questions_for_step, step_seed
+from update import collate, fill_logprobs, make_rows, micro_batches, update
+
+# (key, comparison, target) of every figure that has one; the others are reported only.
+TARGETS = {"rollout_vs_generate": (">=", 0.8), "rollout_batched_speedup": (">=", 3.0), "update_vs_plain": (">=", 0.7),
+           "pad_fraction": ("<=", 0.25), "model_copies": ("<=", 2.0)}
+
+
+# ---------------------------------------------------------------------------------------------
+# Rollout: the agent loop against a replay of its own generate calls
+
+
+class RecordingEngine:
+    """An HFEngine that keeps every generate call: each row's prompt ids and generated length."""
+
+    def __init__(self, engine: HFEngine):
+        self.engine = engine
+        self.calls = []  # one (prompts, lengths) per generate call: [(P_b,) ids], [R_b]
+        self.seconds = 0.0  # wall time spent inside generate, to split the rollout's time
+
+    def generate(self, chats, **kwargs):
+        t0 = time.perf_counter()
+        gens = self.engine.generate(chats, **kwargs)
+        self.seconds += time.perf_counter() - t0
+        self.calls.append(([g.prompt_ids for g in gens], [len(g.response_ids) for g in gens]))
+        return gens
+
+
+@torch.inference_mode()
+def replay(recorders) -> tuple[float, int]:
+    """Re-run every recorded call as plain greedy `model.generate`; returns (seconds, tokens counted).
+
+    HFEngine sorts a call's prompts by length and cuts them into chunks of max_batch rows, each one
+    `generate`; the replay cuts the same way, so it runs the same batches the rollout ran. Every row
+    generates as many tokens as the longest row of its batch (min_new_tokens stops EOS from ending
+    it early): that is what a batch costs the raw model, while only the tokens the rollout kept count.
+    """
+    seconds, tokens = 0.0, 0
+    for rec in recorders:
+        model, pad = rec.engine.model, rec.engine.tokenizer.pad_token_id
+        for prompts, lengths in rec.calls:
+            order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
+            for start in range(0, len(order), rec.engine.max_batch):
+                idx = order[start:start + rec.engine.max_batch]
+                n = max(lengths[i] for i in idx)
+                tokens += sum(lengths[i] for i in idx)
+                if n == 0:
+                    continue
+                width = max(len(prompts[i]) for i in idx)
+                ids = torch.full((len(idx), width), pad, dtype=torch.long)  # (B, P), left-padded
+                attn = torch.zeros((len(idx), width), dtype=torch.long)
+                for row, i in enumerate(idx):
+                    ids[row, width - len(prompts[i]):] = torch.tensor(prompts[i])
+                    attn[row, width - len(prompts[i]):] = 1
+                t0 = time.perf_counter()
+                model.generate(input_ids=ids.to(model.device), attention_mask=attn.to(model.device), max_new_tokens=n,
+                               min_new_tokens=n, do_sample=False, pad_token_id=pad)
+                seconds += time.perf_counter() - t0
+    return seconds, tokens
+
+
+# ---------------------------------------------------------------------------------------------
+# Update: the Flow-GRPO update against a plain causal-LM forward and backward on the same rows
+
+
+def plain_step(model, rows, micro: int, pad_id: int, device) -> float:
+    """Forward (full logits, HF's own shifted cross-entropy) and backward per micro-batch; seconds."""
+    t0 = time.perf_counter()
+    for chunk in micro_batches(rows, micro):
+        batch = collate(chunk, pad_id, device)  # the update's padding, to the byte
+        labels = batch["input_ids"].masked_fill(batch["attention_mask"] == 0, -100)  # (B, L), no loss on pads
+        out = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], labels=labels)
+        out.loss.backward()
+    seconds = time.perf_counter() - t0
+    model.zero_grad(set_to_none=True)  # the gradients were only for timing; none reaches the weights
+    return seconds
+
+
+def pad_fraction(rows, micro: int) -> float:
+    """Padded positions / all positions of the micro-batches the update runs (collate pads to the longest)."""
+    chunks = micro_batches(rows, micro)
+    positions = sum(len(c) * max(len(r.ids) for r in c) for c in chunks)
+    return 1.0 - sum(len(r.ids) for r in rows) / positions if positions else 0.0
+
+
+# ---------------------------------------------------------------------------------------------
+# Memory and the machine's limit
+
+
+def weight_copies(*models) -> float:
+    """Model weight copies held: distinct parameter storages of all models, in bytes of the first.
+
+    Two references to one model (an engine and the trainer) share storages and count once; a frozen
+    copy has its own storages and counts as one more (0.5 in bf16 beside an fp32 policy).
+    """
+    def storages(model):
+        return {p.untyped_storage().data_ptr(): p.untyped_storage().nbytes() for p in model.parameters()}
+
+    held = {}
+    for m in models:
+        held.update(storages(m))
+    return sum(held.values()) / sum(storages(models[0]).values())
+
+
+def peak_rss_gb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 1e9  # Linux reports KB
+
+
+def matmul_gflops(sizes=(1024, 2048), repeats=5) -> float:
+    """Best fp32 GFLOP/s of a square matmul (2 n^3 flops): the ceiling any dense model code can reach."""
+    best = 0.0
+    for n in sizes:
+        a, b = torch.randn(n, n), torch.randn(n, n)
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            torch.matmul(a, b)
+            best = max(best, 2 * n ** 3 / (time.perf_counter() - t0) / 1e9)
+    return best
+
+
+# ---------------------------------------------------------------------------------------------
+# The benchmark
+
+
+def parse_args(argv=None):
+    cpu = PRESETS["cpu"]
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--model", default=EMBEDDED, help="Hugging Face id or folder; 'embedded' = SmolLM2-135M-Instruct")
+    p.add_argument("--group-size", type=int, default=8, help="G: trajectories of the one question")
+    p.add_argument("--max-turns", type=int, default=cpu["max_turns"], help="planner turns per trajectory")
+    for name in ("analysis", "planner", "executor", "verifier", "generator"):
+        p.add_argument(f"--{name}-tokens", type=int, default=cpu[f"{name}_tokens"], help=f"max new tokens of the {name}")
+    p.add_argument("--micro-batch-rows", type=int, default=Config.micro_batch_rows, help="turn-rows per forward/backward")
+    p.add_argument("--data", default="mixed", help="suite, benchmark or file the question comes from")
+    p.add_argument("--seed", type=int, default=0, help="picks the question and seeds the sampling")
+    p.add_argument("--out", default="bench.json", help="where the figures are written as JSON")
+    p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0 = torch's default); 1 is steadier on a shared CPU")
+    args = p.parse_args(argv)
+    if args.group_size < 2:
+        p.error(f"--group-size {args.group_size}: must be >= 2 (batched vs one-by-one needs a group)")
+    if args.threads < 0:
+        p.error(f"--threads {args.threads}: must be >= 0 (0 keeps torch's default)")
+    if args.max_turns < 1 or args.planner_tokens < 1 or args.micro_batch_rows < 1:
+        p.error("--max-turns, --planner-tokens and --micro-batch-rows must be >= 1")
+    if min(args.analysis_tokens, args.executor_tokens, args.verifier_tokens, args.generator_tokens) < 0:
+        p.error("token limits must be >= 0")
+    return args
+
+
+def bench(args) -> dict:
+    # 0. The loss settings come from train.Config (the cpu preset), with this run's sizes on top.
+    cfg = Config(**{**PRESETS["cpu"], "model": args.model, "data": args.data, "seed": args.seed,
+                    "group_size": args.group_size, "questions_per_step": 1, "mini_batch_questions": 1,
+                    "max_turns": args.max_turns, "micro_batch_rows": args.micro_batch_rows,
+                    **{f"{n}_tokens": getattr(args, f"{n}_tokens") for n in ("analysis", "planner", "executor", "verifier", "generator")}})
+    try:
+        example = questions_for_step(tasks.load(cfg.data, split="train", seed=cfg.seed), cfg, 1, 0, 1)[0]
+    except (ValueError, FileNotFoundError, IndexError) as e:
+        raise SystemExit(f"bench.py: --data {cfg.data}: {e or 'no question'}") from None
+    tools = check_tool_names([t.strip() for t in cfg.tools.split(",") if t.strip()])
+    rcfg = RolloutConfig(cfg.max_turns, cfg.temperature, cfg.analysis_tokens, cfg.planner_tokens, cfg.executor_tokens,
+                         cfg.verifier_tokens, cfg.generator_tokens, cfg.memory_chars, tools)
+
+    # 1. Models as train.py holds them: a trainable policy under Accelerate and one frozen copy.
+    accelerator = Accelerator(cpu=True)
+    policy, tokenizer = load_model(cfg.model, device=accelerator.device)
+    frozen, _ = load_model(cfg.model, device=accelerator.device)
+    frozen.requires_grad_(False)
+    optimizer = torch.optim.AdamW(policy.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+    policy, optimizer = accelerator.prepare(policy, optimizer)
+    planner, frozen_engine = HFEngine(accelerator.unwrap_model(policy), tokenizer), HFEngine(frozen, tokenizer)
+    pad, device = tokenizer.pad_token_id, accelerator.device
+
+    # 2. Warm-up, so no variant pays for first-call costs the others do not: generate on both
+    #    engines, the search index, and one small forward/backward.
+    hello = [[{"role": "user", "content": "Hi"}]]
+    planner.generate(hello, max_new_tokens=2)
+    frozen_engine.generate(hello, max_new_tokens=2, temperature=0.0)
+    local_search()
+    warm = torch.tensor([tokenizer.encode("warm up the training kernels")], device=device)
+    policy(input_ids=warm, labels=warm).loss.backward()
+    policy.zero_grad(set_to_none=True)
+
+    # 3. The batched rollout of the group, every generate call recorded.
+    queries, examples = [example["query"]] * cfg.group_size, [example] * cfg.group_size
+    rec_planner, rec_frozen = RecordingEngine(planner), RecordingEngine(frozen_engine)
+    seed = step_seed(cfg.seed, 1, 0)  # what train.py seeds step 1 with
+    policy.eval()
+    torch.manual_seed(seed)
+    t0 = time.perf_counter()
+    trajs = rollout(queries, rec_planner, rec_frozen, Toolbox(tools, llm=rec_frozen), rcfg, examples=examples)
+    batched_s = time.perf_counter() - t0
+    rollout_tokens = sum(sum(lengths) for rec in (rec_planner, rec_frozen) for _, lengths in rec.calls)
+
+    # 4. The same G trajectories one by one: G rollouts of one query each, from the same seed. The
+    #    sampled tokens differ (the random stream is drawn in another order), so both token counts
+    #    are kept beside the ratio of seconds.
+    toolbox = Toolbox(tools, llm=frozen_engine)
+    tokens_before = planner.tokens_generated + frozen_engine.tokens_generated
+    torch.manual_seed(seed)
+    t0 = time.perf_counter()
+    for q, ex in zip(queries, examples):
+        rollout([q], planner, frozen_engine, toolbox, rcfg, examples=[ex])
+    one_by_one_s = time.perf_counter() - t0
+    one_by_one_tokens = planner.tokens_generated + frozen_engine.tokens_generated - tokens_before
+
+    # 5. One training step on the batched group: reward -> advantage -> rows -> ref log-probs -> update.
+    #    The old log-probs are the sampled ones (old_logprobs=sample), as in train.py's cpu preset.
+    rewards = torch.tensor([tasks.score(tr.final_output, tr.example) for tr in trajs])
+    group_of = [0] * cfg.group_size
+    rows = make_rows(trajs, group_advantages(rewards, group_of, scale=cfg.scale_advantages), group_of, 1)
+    if not rows:
+        raise SystemExit("bench.py: the rollout produced no planner token to train; raise --planner-tokens")
+    update_tokens = sum(len(r.ids) for r in rows)  # real tokens: prompt + response of every row
+    policy.train()
+    t0 = time.perf_counter()
+    fill_logprobs(frozen, rows, "ref_logp", pad, device, cfg.temperature, cfg.micro_batch_rows)
+    upd = update(cfg, accelerator, policy, optimizer, rows, 1, pad)
+    update_s = time.perf_counter() - t0
+    # The step is over; what runs later belongs to a baseline. (The one-by-one rollouts ran before,
+    # but one trajectory at a time needs less memory than the batched group.)
+    peak = peak_rss_gb()
+    copies = weight_copies(accelerator.unwrap_model(policy), frozen, planner.model, frozen_engine.model)
+
+    # 6. Baselines: the plain forward/backward on the same rows, and the replay of the generate calls.
+    plain_s = plain_step(policy, rows, cfg.micro_batch_rows, pad, device)
+    policy.eval()
+    replay_s, replay_tokens = replay([rec_planner, rec_frozen])
+    assert replay_tokens == rollout_tokens, "the replay must count exactly the rollout's tokens"
+    peak_gflops = matmul_gflops()
+    n_params = sum(p.numel() for p in policy.parameters())
+
+    # 7. The figures. Ratios of tok/s on the same token count are ratios of seconds.
+    eps = 1e-9
+    rollout_tok_s, replay_tok_s = rollout_tokens / max(batched_s, eps), rollout_tokens / max(replay_s, eps)
+    update_tok_s, plain_tok_s = update_tokens / max(update_s, eps), update_tokens / max(plain_s, eps)
+    update_gflops = 6 * n_params * update_tokens / max(update_s, eps) / 1e9
+    return {
+        "rollout_vs_generate": rollout_tok_s / max(replay_tok_s, eps),
+        "rollout_batched_speedup": one_by_one_s / max(batched_s, eps),
+        "update_vs_plain": update_tok_s / max(plain_tok_s, eps),
+        "pad_fraction": pad_fraction(rows, cfg.micro_batch_rows),
+        "peak_rss_gb": peak,
+        "model_copies": copies,
+        "matmul_gflops": peak_gflops,
+        "update_gflops": update_gflops,
+        "update_gflops_fraction": update_gflops / max(peak_gflops, eps),
+        # the raw sides of every ratio
+        "rollout_tokens": rollout_tokens, "rollout_s": batched_s, "rollout_tok_s": rollout_tok_s,
+        "replay_s": replay_s, "replay_tok_s": replay_tok_s,
+        # where the rollout's time went: inside engine.generate, and the rest (tools, prompts, parsing)
+        "rollout_generate_s": rec_planner.seconds + rec_frozen.seconds,
+        "rollout_tools_s": max(tr.seconds.get("tools", 0.0) for tr in trajs),
+        "generate_calls": sum(len(rec.calls) for rec in (rec_planner, rec_frozen)),
+        "one_by_one_s": one_by_one_s, "one_by_one_tokens": one_by_one_tokens, "batched_s": batched_s,
+        "update_tokens": update_tokens, "update_rows": len(rows), "update_s": update_s, "update_tok_s": update_tok_s,
+        "plain_s": plain_s, "plain_tok_s": plain_tok_s, "parameters": n_params,
+        "turns_per_traj": sum(len(tr.turns) for tr in trajs) / len(trajs), "reward_mean": float(rewards.mean()),
+        "update_loss": upd["loss"], "optimizer_steps": upd["optimizer_steps"],
+        # what was measured, and what counts as good
+        "sizes": {"model": cfg.model, "group_size": cfg.group_size, "max_turns": cfg.max_turns,
+                  "analysis_tokens": cfg.analysis_tokens, "planner_tokens": cfg.planner_tokens,
+                  "executor_tokens": cfg.executor_tokens, "verifier_tokens": cfg.verifier_tokens,
+                  "generator_tokens": cfg.generator_tokens, "micro_batch_rows": cfg.micro_batch_rows,
+                  "data": cfg.data, "seed": cfg.seed, "question": example["query"], "threads": torch.get_num_threads()},
+        "targets": {k: f"{op} {v:g}" for k, (op, v) in TARGETS.items()},
+    }
+
+
+def met(key: str, value: float) -> bool:
+    """Whether a figure meets its target."""
+    op, target = TARGETS[key]
+    return value >= target if op == ">=" else value <= target
+
+
+def table(r: dict) -> str:
+    rows = [("rollout_vs_generate", f"{r['rollout_vs_generate']:.3f}", f"{r['rollout_tok_s']:.1f} vs {r['replay_tok_s']:.1f} tok/s"),
+            ("  (rollout split)", "", f"generate {r['rollout_generate_s']:.3g} s, tools {r['rollout_tools_s']:.3g} s"),
+            ("rollout_batched_speedup", f"{r['rollout_batched_speedup']:.2f}", f"{r['one_by_one_s']:.3g} s vs {r['batched_s']:.3g} s"),
+            ("update_vs_plain", f"{r['update_vs_plain']:.3f}", f"{r['update_tok_s']:.1f} vs {r['plain_tok_s']:.1f} tok/s"),
+            ("pad_fraction", f"{r['pad_fraction']:.3f}", f"{r['update_rows']} rows, {r['update_tokens']} tokens"),
+            ("peak_rss_gb", f"{r['peak_rss_gb']:.2f}", "one training step"),
+            ("model_copies", f"{r['model_copies']:.2f}", "policy + frozen"),
+            ("matmul_gflops", f"{r['matmul_gflops']:.1f}", "fp32 matmul, best"),
+            ("update_gflops", f"{r['update_gflops']:.1f}", f"{r['update_gflops_fraction']:.1%} of matmul")]
+    lines = [f"{'figure':<24} | {'value':>8} | {'target':>7} | {'met?':<4} | raw", "-" * 80]
+    for key, value, raw in rows:
+        flag = {True: "yes", False: "NO", None: "-" if value else ""}[r["met"].get(key)]
+        lines.append(f"{key:<24} | {value:>8} | {r['targets'].get(key, '-' if value else ''):>7} | {flag:<4} | {raw}")
+    return "\n".join(lines)
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    if args.threads:
+        # Two busy processes that each spin two OpenMP threads on two cores can run 10-100x slower
+        # than with one thread each; on a shared machine --threads 1 measures the code, not that.
+        torch.set_num_threads(args.threads)
+    result = bench(args)
+    result["met"] = {k: met(k, result[k]) for k in TARGETS}
+    bad = [k for k, v in result.items() if isinstance(v, float) and not math.isfinite(v)]
+    if bad:
+        print(f"bench.py: non-finite figures {bad}", file=sys.stderr)
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+    s = result["sizes"]
+    print(f"model {s['model']} | G {s['group_size']} | max turns {s['max_turns']} | {result['generate_calls']} generate calls, "
+          f"{result['rollout_tokens']} tokens | {result['update_rows']} update rows | {s['threads']} threads")
+    print(table(result))
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,95 @@
+"""What one training step reports: the metrics line, gathered over processes, and run digests.
+
+One JSON line per step goes to metrics.jsonl and one `|`-separated line to the console (the names
+follow TRL where one exists: frac_reward_zero_std, clip fractions):
+
+    reward_mean, accuracy      mean R_i and the share of correct trajectories in the batch
+    frac_reward_zero_std       groups whose G rewards are all equal: they carry no learning signal
+    kl, entropy                k3 KL to the frozen reference and entropy of pi_theta on the response tokens
+    clip_frac_low/high         share of response tokens whose ratio was clipped below / above
+    turns_per_traj, tool_calls, tool_errors, invalid_action_rate, empty_command_rate
+    response_length, truncation_ratio   planner tokens per turn, turns cut by max_new_tokens
+    grad_norm, skipped_updates          the largest pre-clip gradient norm; non-finite updates skipped
+    rollout_s, update_s, rollout_tok_s, update_tok_s
+    test_accuracy              greedy accuracy on fixed test questions, every eval_every steps
+
+Sums are all-reduced over processes, so every figure covers the whole batch of all ranks.
+"""
+
+import dataclasses
+import hashlib
+from pathlib import Path
+
+import torch
+
+from evaluate import evaluate_examples
+from rollout import rollout_stats
+
+
+def test_accuracy(cfg, planner, frozen_engine, toolbox, rcfg, examples, accelerator) -> float:
+    """Greedy accuracy of the current planner on fixed test questions (every process gets the value)."""
+    records = evaluate_examples(examples, planner, frozen_engine, dataclasses.replace(rcfg, temperature=0.0), "agent",
+                                toolbox, batch_size=len(examples), progress=False) if accelerator.is_main_process else []
+    acc = sum(r["score"] for r in records) / max(len(records), 1)
+    return accelerator.reduce(torch.tensor(acc, device=accelerator.device), "sum").item()  # only rank 0 is non-zero
+
+
+def step_metrics(step, trajs, rewards, group_of, rows, upd, rollout_s, update_s, accelerator, tools) -> dict:
+    """Per-step metrics; sums are reduced over processes so every figure covers the whole batch."""
+    rs = rollout_stats(trajs)  # tool calls and errors per tool
+    groups = {}
+    for g, r in zip(group_of, rewards.tolist()):
+        groups.setdefault(g, []).append(r)
+    n_resp = [r.n_resp for r in rows]
+    sums = {
+        "n": len(trajs), "reward": float(rewards.sum()), "correct": float((rewards >= 1).sum()),
+        "groups": len(groups), "zero_std": sum(len(set(v)) == 1 for v in groups.values()),
+        "turns": sum(len(t.turns) for t in trajs), "rows": len(rows), "resp_tokens": sum(n_resp),
+        "truncated": sum(t.truncated for tr in trajs for t in tr.turns),
+        "invalid": sum(not t.valid_action for tr in trajs for t in tr.turns),
+        "empty_cmd": sum(t.valid_action and not t.command for tr in trajs for t in tr.turns),
+        "gen_tokens": sum(len(t.response_ids) for tr in trajs for t in tr.turns), "update_tokens": upd["tokens"],
+        **{f"calls/{t}": rs["tool_calls"].get(t, 0) for t in tools + ("(none)",)},
+        **{f"errors/{t}": rs["tool_errors"].get(t, 0) for t in tools + ("(none)",)},
+    }
+    keys = sorted(sums)
+    total = accelerator.reduce(torch.tensor([float(sums[k]) for k in keys], device=accelerator.device), "sum").tolist()
+    s = dict(zip(keys, total))
+    n, turns = max(s["n"], 1), max(s["turns"], 1)
+    return {
+        "step": step,
+        "reward_mean": s["reward"] / n, "accuracy": s["correct"] / n,
+        "frac_reward_zero_std": s["zero_std"] / max(s["groups"], 1),
+        "kl": upd["kl"], "clip_frac_low": upd["clip_frac_low"], "clip_frac_high": upd["clip_frac_high"],
+        "ratio_mean": upd["ratio_mean"], "entropy": upd["entropy"], "loss": upd["loss"], "pg_loss": upd["pg_loss"],
+        "turns_per_traj": s["turns"] / n, "invalid_action_rate": s["invalid"] / turns, "empty_command_rate": s["empty_cmd"] / turns,
+        "tool_calls": {t: int(s[f"calls/{t}"]) for t in tools + ("(none)",)},
+        "tool_errors": {t: int(s[f"errors/{t}"]) for t in tools + ("(none)",)},
+        "response_length": s["resp_tokens"] / max(s["rows"], 1), "truncation_ratio": s["truncated"] / turns,
+        "grad_norm": upd["grad_norm"], "skipped_updates": upd["skipped_updates"], "optimizer_steps": upd["optimizer_steps"],
+        "rollout_s": rollout_s, "update_s": update_s,
+        "rollout_tok_s": s["gen_tokens"] / max(rollout_s, 1e-9), "update_tok_s": s["update_tokens"] / max(update_s, 1e-9),
+    }
+
+
+def console_line(m: dict, steps: int) -> str:
+    short = {"Python_Coder": "py", "Local_Search": "search", "Wikipedia_Search": "wiki", "Base_Generator": "llm", "(none)": "invalid"}
+    tools = " ".join(f"{short.get(t, t)} {c}/{m['tool_errors'][t]}" for t, c in m["tool_calls"].items() if c)
+    return " | ".join([
+        f"step {m['step']}/{steps}", f"reward {m['reward_mean']:.3f}", f"acc {m['accuracy']:.3f}",
+        f"zero_std {m['frac_reward_zero_std']:.2f}", f"kl {m['kl']:.4f}",
+        f"clip {m['clip_frac_low']:.3f}/{m['clip_frac_high']:.3f}", f"ent {m['entropy']:.2f}",
+        f"turns {m['turns_per_traj']:.2f}", f"tools(calls/err) {tools}", f"resp {m['response_length']:.1f}",
+        f"trunc {m['truncation_ratio']:.2f}", f"gnorm {m['grad_norm']:.3f}",
+        f"rollout {m['rollout_s']:.1f}s", f"update {m['update_s']:.1f}s", f"tok/s {m['rollout_tok_s']:.0f}/{m['update_tok_s']:.0f}",
+    ] + ([f"test_acc {m['test_accuracy']:.3f}"] if "test_accuracy" in m else []))
+
+
+def write_param_digest(out: Path, model, rank: int):
+    """A digest of the final parameters per process: identical on every rank when DDP kept them in sync."""
+    h = hashlib.sha256()
+    for name, p in sorted(model.state_dict().items()):
+        h.update(name.encode())
+        h.update(p.detach().float().cpu().numpy().tobytes())
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"params-rank{rank}.sha256").write_text(h.hexdigest() + "\n")
