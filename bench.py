@@ -13,7 +13,7 @@ training data is rolled out G times (a group), exactly as train.py does at one s
                              prompts with max_new_tokens = min_new_tokens = the call's longest
                              row. Both sides count the tokens the rollout produced, so the
                              ratio is the share of time the agent loop adds (tools, prompt
-                             building, stop strings, ragged lengths).
+                             building, stop strings, log-prob recording).
     rollout_batched_speedup  seconds of the same G trajectories rolled out one by one          >= 3
                              (G calls of rollout with one query each) / seconds of the batched
                              rollout. torch.manual_seed is reset identically before each variant.
@@ -38,10 +38,15 @@ training data is rolled out G times (a group), exactly as train.py does at one s
                              and the tied head on prompt tokens, which the update skips, so on a
                              model whose parameters are mostly vocabulary it can pass 100%.
 
-Sizes default to train.py's `--preset cpu` with G = 8. Ratios with G = 8 on a 135M model depend on
-the machine: on two shared cores a Python_Coder subprocess or a long prompt weighs more than on a GPU.
+Sizes default to train.py's `--preset cpu` with G = 8; the loss settings are train.Config's. The
+figures depend on the machine. On a CPU the rollout is prefill-bound (8 rows x ~300 prompt tokens
+per call against ~25 generated), and prefill costs the same batched or not, so the batched speedup
+stays near 1 there; it is the decode steps that batching shares, which dominate on a GPU. On a CPU
+shared with other busy processes, pass --threads 1: two processes that each spin two OpenMP threads
+on two cores run several times slower than with one thread each, and the ratios turn to noise.
 
 Run:   python bench.py                    (the embedded SmolLM2-135M; a few minutes on two cores)
+       python bench.py --threads 1        (the same, steadier on a CPU other processes also use)
        python bench.py --model Qwen/Qwen2.5-0.5B-Instruct --group-size 8 --max-turns 3 --out b.json
 Test:  python -m pytest -q tests/test_bench.py
 """

@@ -67,6 +67,7 @@ def main():
     p.add_argument("--n", type=int, default=100, help="test questions of the mixed suite, the same for every row")
     p.add_argument("--steps", type=int, default=PRESETS["cpu-demo"]["steps"], help="training steps")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--model", default=PRESETS["cpu-demo"]["model"], help="the model of every row (default: the embedded one)")
     args = p.parse_args()
     out = Path(args.out)
     preset = PRESETS["cpu-demo"]
@@ -77,11 +78,13 @@ def main():
              "--verifier-tokens", str(preset["verifier_tokens"]), "--generator-tokens", str(preset["generator_tokens"]),
              "--batch-size", "25"]
     common = [py, "evaluate.py", "--data", "mixed", "--n", str(args.n), "--seed", str(args.seed)]
+    model = ["--model", args.model]
     t0 = time.perf_counter()
-    run(common + ["--mode", "direct", "--generator-tokens", str(preset["generator_tokens"]), "--batch-size", "25",
+    run(common + model + ["--mode", "direct", "--generator-tokens", str(preset["generator_tokens"]), "--batch-size", "25",
                   "--label", "base model alone", "--out", str(out / "eval-direct")])
-    run(common + agent + ["--label", "AgentFlow, untrained planner", "--out", str(out / "eval-untrained")])
-    run([py, "train.py", "--preset", "cpu-demo", "--steps", str(args.steps), "--seed", str(args.seed), "--out", str(out / "train")])
+    run(common + model + agent + ["--label", "AgentFlow, untrained planner", "--out", str(out / "eval-untrained")])
+    run([py, "train.py", "--preset", "cpu-demo", "--steps", str(args.steps), "--seed", str(args.seed), "--out", str(out / "train"),
+         "--model", args.model, "--checkpoint-every", str(args.steps), "--eval-n", str(min(args.n, preset["eval_n"]))])
     final = out / "train" / "checkpoints" / f"step-{args.steps:06d}"
     run(common + agent + ["--checkpoint", str(final), "--label", "AgentFlow + Flow-GRPO", "--out", str(out / "eval-trained")])
 
