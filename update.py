@@ -5,7 +5,9 @@ action a_t, with the loss mask on a_t only (the tool output lives in the NEXT tu
 other masking is needed) and the advantage A_i of its trajectory (the reward broadcast). Rows are
 left-padded, so every response sits at the end of its row and the language-model head only runs on
 the last R positions (`logits_to_keep`), not on the whole prompt: on a 49k vocabulary that is most of
-the memory of a forward pass.
+the memory of a forward pass. Rows whose prompts are identical (the G samples of a question at the
+first turn) share one prompt pass and its KV cache: on the CPU preset that cuts the tokens an update
+computes several-fold (collate_shared).
 
     for each epoch, for each mini-batch (one optimiser step):
         for each micro-batch of rows sorted by length:          # gradient accumulation
@@ -80,14 +82,83 @@ def response_logits(model, batch):
     return out.logits[:, :-1]
 
 
+def collate_shared(rows, device) -> dict:
+    """Rows that share one prompt: the prompt once, the responses right-padded after it.
+
+    At the first turn the G rows of a question have the very same prompt s_1 (a few hundred tokens)
+    and differ only in their ~20 response tokens, so most of a left-padded batch is the same prompt
+    computed G times. Here it is computed once and its KV cache is shared by the G responses; the
+    gradient still flows into the prompt's computation through the cache (tested against `collate`).
+    Response-side tensors are left-aligned: row b's tokens are positions [0, n_resp).
+    """
+    prompt = rows[0].ids[: len(rows[0].ids) - rows[0].n_resp]
+    B, R = len(rows), max(r.n_resp for r in rows)
+    targets = torch.zeros((B, R), dtype=torch.long)
+    mask, old, ref = torch.zeros((B, R)), torch.zeros((B, R)), torch.zeros((B, R))
+    for b, r in enumerate(rows):
+        targets[b, : r.n_resp] = torch.tensor(r.ids[len(prompt):])
+        mask[b, : r.n_resp] = 1
+        old[b, : r.n_resp] = torch.tensor(r.old_logp)
+        if r.ref_logp is not None:
+            ref[b, : r.n_resp] = torch.tensor(r.ref_logp)
+    batch = dict(prompt=torch.tensor([prompt]), targets=targets, mask=mask, old_logp=old, ref_logp=ref,  # (1, P), (B, R) x4
+                 advantages=torch.tensor([r.advantage for r in rows], dtype=torch.float32),  # (B,)
+                 turns=torch.tensor([float(r.turns) for r in rows]))  # (B,)
+    return {k: v.to(device) for k, v in batch.items()}
+
+
+def shared_response_logits(model, batch):
+    """(B, R, V) logits for B responses after ONE shared prompt: prompt pass, then response pass on its cache."""
+    B, R = batch["targets"].shape
+    P = batch["prompt"].shape[1]
+    first = model(input_ids=batch["prompt"], use_cache=True, logits_to_keep=1)  # the last prompt logit predicts token 0
+    cache = first.past_key_values
+    for layer in cache.layers:  # (1, heads, P, d) -> (B, heads, P, d), a view: no copy, gradients add up
+        layer.keys = layer.keys.expand(B, -1, -1, -1)
+        layer.values = layer.values.expand(B, -1, -1, -1)
+    attention = torch.cat([torch.ones((B, P), dtype=torch.long, device=batch["mask"].device), batch["mask"].long()], dim=1)
+    positions = (P + torch.arange(R, device=batch["mask"].device)).expand(B, R)
+    rest = model(input_ids=batch["targets"], attention_mask=attention, position_ids=positions,
+                 past_key_values=cache, use_cache=False)
+    return torch.cat([first.logits[:, -1:].expand(B, -1, -1), rest.logits[:, :-1]], dim=1)
+
+
+def units(rows, size, share_prompts: bool):
+    """Micro-batches as (rows, shared) pairs. With share_prompts, rows with the same prompt go together
+    and their prompt is computed once; the other rows are sorted by length and left-padded."""
+    if not share_prompts:
+        return [(chunk, False) for chunk in micro_batches(rows, size)]
+    groups = {}
+    for r in rows:
+        groups.setdefault(tuple(r.ids[: len(r.ids) - r.n_resp]), []).append(r)
+    shared = [g[i:i + size] for g in groups.values() if len(g) > 1 for i in range(0, len(g), size)]
+    single = [g[0] for g in groups.values() if len(g) == 1]
+    return [(chunk, True) for chunk in shared] + [(chunk, False) for chunk in micro_batches(single, size)]
+
+
+def forward(model, chunk, shared, pad_id, device):
+    """(logits (B, R, V), batch, real tokens computed) for one micro-batch of either layout."""
+    if shared:
+        batch = collate_shared(chunk, device)
+        tokens = batch["prompt"].shape[1] + int(batch["mask"].sum())
+        return shared_response_logits(model, batch), batch, tokens
+    batch = collate(chunk, pad_id, device)
+    return response_logits(model, batch), batch, int(batch["attention_mask"].sum())
+
+
+def row_slice(logp, b, n, shared):
+    """Row b's n response values: left-aligned in the shared layout, right-aligned when left-padded."""
+    return logp[b, :n] if shared else logp[b, logp.shape[1] - n:]
+
+
 @torch.no_grad()
 def fill_logprobs(model, rows, attr, pad_id, device, temperature, micro):
     """Store log pi(a_t) of a no-grad model (reference, or pi_old when recomputed) on every row."""
-    for chunk in micro_batches(rows, micro):
-        batch = collate(chunk, pad_id, device)
-        logp = token_logprobs(response_logits(model, batch), batch["targets"], temperature).float().cpu()
+    for chunk, shared in units(rows, micro, share_prompts=True):
+        logits, batch, _ = forward(model, chunk, shared, pad_id, device)
+        logp = token_logprobs(logits, batch["targets"], temperature).float().cpu()
         for b, r in enumerate(chunk):
-            setattr(r, attr, logp[b, logp.shape[1] - r.n_resp:].tolist())
+            setattr(r, attr, row_slice(logp, b, r.n_resp, shared).tolist())
 
 
 def micro_batches(rows, size):
@@ -121,14 +192,15 @@ def update(cfg, accelerator, policy, optimizer, rows, n_mini, pad_id) -> dict:
             # average (divide by the world size) gives exactly the full-batch token-mean / flow value.
             local = sum(r.n_resp for r in mine) if cfg.agg == "token-mean" else sum(1.0 / r.turns for r in mine)
             normaliser = accelerator.reduce(torch.tensor(float(local), device=accelerator.device), "sum").item()
-            chunks = micro_batches(mine, cfg.micro_batch_rows)
+            # Shared prompts need two forward calls before one backward, which DDP does not allow, so
+            # they are a single-process optimisation (the CPU case); several processes left-pad every row.
+            chunks = units(mine, cfg.micro_batch_rows, share_prompts=accelerator.num_processes == 1)
             loss_sum = 0.0
-            for i, chunk in enumerate(chunks):
-                batch = collate(chunk, pad_id, accelerator.device)
+            for i, (chunk, shared) in enumerate(chunks):
                 # Accumulate: no gradient all-reduce until the last micro-batch of this mini-batch.
                 sync = i == len(chunks) - 1
                 with contextlib.nullcontext() if sync else accelerator.no_sync(policy), accelerator.autocast():
-                    logits = response_logits(policy, batch)  # (B, R, V)
+                    logits, batch, tokens = forward(policy, chunk, shared, pad_id, accelerator.device)  # (B, R, V)
                     logp = token_logprobs(logits, batch["targets"], cfg.temperature)  # (B, R)
                     pg_loss, pg = policy_loss(logp, batch["old_logp"], batch["advantages"], batch["mask"],
                                               clip_low=cfg.clip_low, clip_high=cfg.clip_high, clip_c=cfg.clip_c or None,
@@ -145,7 +217,7 @@ def update(cfg, accelerator, policy, optimizer, rows, n_mini, pad_id) -> dict:
                 for k in ("clip_frac_low", "clip_frac_high", "ratio_mean"):
                     stats[k] += float(pg[k])
                 stats["pg_loss"] += pg_loss.item()
-                stats["tokens"] += int(batch["attention_mask"].sum())
+                stats["tokens"] += tokens
                 n_micro_total += 1
             # One optimiser step per mini-batch; a non-finite gradient is skipped, never applied.
             grad_norm = accelerator.clip_grad_norm_(policy.parameters(), cfg.grad_clip)

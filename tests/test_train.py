@@ -63,7 +63,7 @@ def test_flow_grpo_raises_the_rewarded_tool_from_chance_to_above_0_9(tokenizer, 
     targets = [tokenizer.encode(" " + t, add_special_tokens=False) for t in TOOLS]
     R = max(len(t) for t in targets)
     labels = torch.tensor([t + [-100] * (R - len(t)) for t in targets])
-    for i in range(230):
+    for i in range(260):
         context = tokenizer.encode(modules.PLANNER_PREFIX, add_special_tokens=False) if i < 150 else prompts[i % 4]
         ids = torch.tensor([context + t + [tokenizer.eos_token_id] * (R - len(t)) for t in targets])
         logits = model(ids, logits_to_keep=R + 1).logits[:, :-1]
@@ -80,14 +80,14 @@ def test_flow_grpo_raises_the_rewarded_tool_from_chance_to_above_0_9(tokenizer, 
 
     # 2. Flow-GRPO with a reward that pays when the planner picks Local_Search.
     cfg, _ = train.parse_args(TINY + ["--model", str(start), "--out", str(tmp_path / "run"), "--group-size", "8",
-                                       "--max-turns", "1", "--steps", "20", "--lr", "2e-3", "--kl-coef", "0",
+                                       "--max-turns", "1", "--steps", "25", "--lr", "2e-3", "--kl-coef", "0",
                                        "--checkpoint-every", "100"])
     train.train(cfg, reward_fn=lambda tr: float(tr.turns[0].tool == "Local_Search"))
-    trained = type(model).from_pretrained(tmp_path / "run" / "checkpoints" / "step-000020" / "planner").eval()
+    trained = type(model).from_pretrained(tmp_path / "run" / "checkpoints" / "step-000025" / "planner").eval()
     after = tool_probabilities(trained, tokenizer, "What is 355 * 18?")
     assert after["Local_Search"] >= 0.9, (before, after)
     lines = [json.loads(l) for l in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
-    assert [m["step"] for m in lines] == list(range(1, 21))
+    assert [m["step"] for m in lines] == list(range(1, 26))
     assert lines[-1]["reward_mean"] > lines[0]["reward_mean"]
 
 
