@@ -277,8 +277,12 @@ def write_html(records, path, title="AgentFlow trajectories"):
 
 
 def compare(dirs) -> tuple[str, list[dict]]:
-    """(markdown table, entries) of the summary.json files in dirs; rows systems, columns suites + all."""
-    summaries, labels = [], []
+    """(markdown table, entries) of the summary.json files in dirs; rows systems, columns suites + all.
+
+    Runs of one system (same label) on different suites are merged into one row, and its "all" column
+    pools their questions; two runs of one system on the same suite get a row each.
+    """
+    systems = {}  # label -> {suite: {"accuracy", "ci95", "n"}}
     for d in dirs:
         path = Path(d) / "summary.json"
         if not path.is_file():
@@ -288,14 +292,18 @@ def compare(dirs) -> tuple[str, list[dict]]:
         except ValueError as e:
             raise SystemExit(f"--compare: {path} is not valid JSON ({e}); rerun evaluate.py --out {d}") from None
         label = (s.get("label") or Path(d).name).replace("|", "/")  # a "|" would split the table cell
-        labels.append(f"{label} ({Path(d).name})" if label in labels else label)  # two runs of one system
-        summaries.append(s)
-    columns = list(dict.fromkeys(name for s in summaries for name in s["suites"])) + ["all"]
+        if systems.get(label, {}).keys() & s["suites"].keys():
+            label = f"{label} ({Path(d).name})"  # the same system run twice on a suite
+        systems.setdefault(label, {}).update(s["suites"])
+    columns = list(dict.fromkeys(name for parts in systems.values() for name in parts)) + ["all"]
     entries, rows = [], []
-    for label, s in zip(labels, summaries):
+    for label, parts in systems.items():
+        k = sum(round(p["accuracy"] * p["n"]) for p in parts.values())
+        n = sum(p["n"] for p in parts.values())
+        pooled = {"accuracy": k / max(n, 1), "ci95": list(wilson(k, n)), "n": n}
         cells = []
         for col in columns:
-            p = s if col == "all" else s["suites"].get(col)  # None: this system was not run on that suite
+            p = pooled if col == "all" else parts.get(col)  # None: this system was not run on that suite
             if p is not None:
                 low, high = p["ci95"]
                 entries.append({"system": label, "suite": col, "accuracy": p["accuracy"], "ci95_low": low, "ci95_high": high, "n": p["n"]})
