@@ -140,7 +140,8 @@ def rollout(queries, planner, frozen, toolbox: Toolbox, cfg: RolloutConfig, exam
             prefix = modules.executor_prefix(tool)
             stop = modules.executor_stop(tool)
             for tr, g in zip(rows, frozen.generate(chats, max_new_tokens=cfg.executor_tokens, temperature=0.0, prefix=prefix, stop=stop)):
-                tr.turns[-1].command = modules.parse_command(prefix + g.text, tool)
+                # A completion with nothing after the forced prefix is no command at all.
+                tr.turns[-1].command = modules.parse_command(prefix + g.text, tool) if g.text.strip() else ""
         _tick(need, "executor", t0)
 
         # 4. Tools: a batch of (tool, command) calls; failures come back as "Error: ..." text.

@@ -105,3 +105,26 @@ def test_rollout_cli_prints_the_trajectory(tiny_model_dir):
     )
     assert out.returncode == 0, out.stderr[-2000:]
     assert "QUESTION: What is 4821 * 37?" in out.stdout and "turn 1" in out.stdout and "ANSWER" in out.stdout
+
+
+def test_an_executor_that_never_writes_a_command_ends_the_trajectory_with_reward_0_and_is_counted():
+    import tasks
+
+    class NoCommand(ScriptedEngine):
+        def generate(self, chats, prefix="", **kw):
+            gens = super().generate(chats, prefix=prefix, **kw)
+            if prefix == modules.executor_prefix("Python_Coder"):
+                for g in gens:
+                    g.text = "\n"  # nothing after the forced "```python\nprint("
+            if prefix == modules.ANSWER_PREFIX:
+                for g in gens:
+                    g.text = ""  # and no answer either
+            return gens
+
+    eng = NoCommand(["CONTINUE"] * 10)
+    cfg = RolloutConfig(max_turns=3)
+    [tr] = rollout(["What is 4821 * 37?"], eng, eng, Toolbox(cfg.tools, llm=eng), cfg)
+    assert len(tr.turns) == 3 and tr.stop_reason == "max_turns"
+    assert all(t.command == "" and t.result == "Error: the executor produced no command" for t in tr.turns)
+    assert tasks.score(tr.final_output, {"answer": "178377", "task": "exact"}) == 0.0
+    assert rollout_stats([tr])["empty_command_rate"] == 1.0
