@@ -112,14 +112,14 @@ def shared_response_logits(model, batch):
     B, R = batch["targets"].shape
     P = batch["prompt"].shape[1]
     first = model(input_ids=batch["prompt"], use_cache=True, logits_to_keep=1)  # the last prompt logit predicts token 0
-    cache = first.past_key_values
+    cache = first.cache
     for layer in cache.layers:  # (1, heads, P, d) -> (B, heads, P, d), a view: no copy, gradients add up
         layer.keys = layer.keys.expand(B, -1, -1, -1)
         layer.values = layer.values.expand(B, -1, -1, -1)
     attention = torch.cat([torch.ones((B, P), dtype=torch.long, device=batch["mask"].device), batch["mask"].long()], dim=1)
     positions = (P + torch.arange(R, device=batch["mask"].device)).expand(B, R)
     rest = model(input_ids=batch["targets"], attention_mask=attention, position_ids=positions,
-                 past_key_values=cache, use_cache=False)
+                 cache=cache, use_cache=False)
     return torch.cat([first.logits[:, -1:].expand(B, -1, -1), rest.logits[:, :-1]], dim=1)
 
 
