@@ -93,7 +93,8 @@ def load_state(folder) -> dict:
 def restore(folder, optimizer):
     """Load optimizer and RNG states saved by `save` (the planner weights are loaded by the caller)."""
     folder = Path(folder)
-    optimizer.load_state_dict(torch.load(folder / "optimizer.pt", map_location="cpu", weights_only=False))
+    if optimizer is not None:
+        optimizer.load_state_dict(torch.load(folder / "optimizer.pt", map_location="cpu", weights_only=False))
     rng = torch.load(folder / "rng.pt", weights_only=False)
     torch.set_rng_state(rng["torch"])
     np.random.set_state(rng["numpy"])

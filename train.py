@@ -41,6 +41,7 @@ import os
 import re
 import sys
 import time
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -257,7 +258,13 @@ def train(cfg: Config, reward_fn=None, given=frozenset()) -> dict:
     optimizer = torch.optim.AdamW(policy.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     policy, optimizer = accelerator.prepare(policy, optimizer)
     if ckpt:
-        checkpoint.restore(ckpt, optimizer)
+        if accelerator.distributed_type == DistributedType.FSDP:
+            # optimizer.pt holds rank 0's shard of the AdamW moments only: restoring it on every rank would be
+            # wrong, so an FSDP run resumes the weights exactly and restarts the moments (a known gap).
+            warnings.warn("FSDP resume: AdamW moments are not restored (only the planner weights and the step)")
+            checkpoint.restore(ckpt, optimizer=None)
+        else:
+            checkpoint.restore(ckpt, optimizer)
         if accelerator.is_main_process:
             checkpoint.clean_partial(out)
             checkpoint.truncate_metrics(out / "metrics.jsonl", start_step)
