@@ -37,9 +37,7 @@ Test: python -m pytest -q tests/test_evaluate.py
 """
 
 import argparse
-import html
 import json
-import math
 import sys
 import time
 from collections import Counter
@@ -55,6 +53,7 @@ import remote_engine
 import tasks
 from engine import EMBEDDED, HFEngine, load_model
 from rollout import RolloutConfig, Trajectory, rollout, rollout_stats
+from report import compare, wilson, write_html  # noqa: F401 (public here too: demo.py, train.py, tests)
 from tools import OFFLINE_TOOLS, Toolbox, check_tool_names
 
 
@@ -98,28 +97,6 @@ class EvalConfig:
                              planner_tokens=self.planner_tokens, executor_tokens=self.executor_tokens,
                              verifier_tokens=self.verifier_tokens, generator_tokens=self.generator_tokens,
                              tools=check_tool_names([t.strip() for t in self.tools.split(",") if t.strip()]))
-
-
-# ---------------------------------------------------------------------------------------------
-# Statistics
-
-
-def wilson(k, n, z=1.96) -> tuple[float, float]:
-    """The Wilson score interval of a proportion k/n (see the module docstring); (0, 1) when n = 0.
-
-    >>> [round(x, 4) for x in wilson(5, 10)]
-    [0.2366, 0.7634]
-    """
-    if n < 0 or k < 0 or k > n:
-        raise ValueError(f"need 0 <= k <= n, got k={k}, n={n}")
-    if n == 0:
-        return 0.0, 1.0  # no questions, no information
-    p = k / n
-    denom = 1 + z * z / n
-    centre = (p + z * z / (2 * n)) / denom
-    half = z / denom * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n))
-    # Clamp away float noise such as -1e-17 at k = 0.
-    return max(0.0, centre - half), min(1.0, centre + half)
 
 
 def _proportion(scores) -> dict:
@@ -211,107 +188,6 @@ def format_summary(s: dict) -> str:
                  f"empty commands {s['empty_command_rate']:.2f} | tool calls {s['tool_calls']} | tool errors {s['tool_errors']}")
     lines.append(f"  {s['seconds_per_question']:.2f} s/question, {s['total_seconds']:.1f} s in all")
     return "\n".join(lines)
-
-
-# ---------------------------------------------------------------------------------------------
-# The trajectory viewer: one static page, every model string escaped
-
-
-_CSS = """body{font:14px/1.4 system-ui,sans-serif;margin:1.5em;max-width:70em}
-details{border:1px solid #ccc;border-radius:4px;margin:.4em 0;padding:.3em .6em}
-details.right{border-left:6px solid #2a2}details.wrong{border-left:6px solid #c33}
-summary{cursor:pointer}pre{white-space:pre-wrap;background:#f6f6f6;padding:.3em;margin:.2em 0;max-height:20em;overflow:auto}
-.turn{border-top:1px dashed #bbb;margin-top:.4em}.k{color:#666;font-size:12px}
-body.only-wrong details.right{display:none}"""
-_JS = """document.getElementById('only-wrong').addEventListener('change',
-  e => document.body.classList.toggle('only-wrong', e.target.checked));
-document.getElementById('open-all').addEventListener('click',
-  () => document.querySelectorAll('details').forEach(d => d.open = true));"""
-
-
-def _gold_text(gold) -> str:
-    return " OR ".join(str(g) for g in gold) if isinstance(gold, list) else str(gold)
-
-
-def _block(name: str, text) -> str:
-    return f'<div class="k">{name}</div><pre>{html.escape(str(text))}</pre>'
-
-
-def _record_html(r: dict) -> str:
-    """One question: a summary line that opens to show the analysis, every turn and the answer."""
-    e, traj = html.escape, r["trajectory"]
-    verdict = "right" if r["correct"] else "wrong"
-    parts = [f'<details class="{verdict}"><summary><b>{verdict}</b> [{e(str(r["id"]))}] ({e(str(r["suite"]))}) '
-             f'{e(r["query"][:160])} &mdash; predicted <code>{e(str(r["prediction"])[:80])}</code>, '
-             f'gold <code>{e(_gold_text(r["gold"])[:80])}</code></summary>', _block("question", r["query"])]
-    if traj.get("analysis"):
-        parts.append(_block("query analysis (planner)", traj["analysis"]))
-    for i, t in enumerate(traj["turns"], 1):
-        parts.append(f'<div class="turn"><b>turn {i}</b>: tool <code>{e(t["tool"] or "(invalid)")}</code> '
-                     f'&mdash; sub-goal: {e(t["sub_goal"])}</div>')
-        # The planner's reply was forced to start with PLANNER_PREFIX, which planner_text leaves out.
-        parts += [_block("planner action", modules.PLANNER_PREFIX + t["planner_text"]), _block("command (executor)", t["command"] or "(none)"),
-                  _block("tool result", t["result"])]
-        if t["verdict"]:
-            parts.append(f'<div class="k">verifier: <b>{e(t["verdict"])}</b></div>')
-    if not traj["turns"]:
-        parts.append('<div class="k">no tool turns</div>')
-    parts += [_block(f"final output ({r['stop_reason']})", traj["final_output"]), _block("answer", r["prediction"]),
-              _block("gold", _gold_text(r["gold"])), f"<div>verdict: <b>{verdict}</b> (score {r['score']:g})</div></details>"]
-    return "\n".join(parts)
-
-
-def write_html(records, path, title="AgentFlow trajectories"):
-    """Write a self-contained page (inline CSS and JS, no network) of every record's trajectory."""
-    right = sum(bool(r["correct"]) for r in records)
-    page = (f'<!DOCTYPE html><html><head><meta charset="utf-8"><title>{html.escape(title)}</title>'
-            f"<style>{_CSS}</style></head><body><h2>{html.escape(title)}</h2>"
-            f"<p>{right} of {len(records)} right. <label><input type=checkbox id=only-wrong> show only wrong answers</label> "
-            f"<button id=open-all>open all</button></p>\n" + "\n".join(_record_html(r) for r in records) +
-            f"\n<script>{_JS}</script></body></html>\n")
-    Path(path).write_text(page, encoding="utf-8")
-
-
-# ---------------------------------------------------------------------------------------------
-# Comparing systems side by side
-
-
-def compare(dirs) -> tuple[str, list[dict]]:
-    """(markdown table, entries) of the summary.json files in dirs; rows systems, columns suites + all.
-
-    Runs of one system (same label) on different suites are merged into one row, and its "all" column
-    pools their questions; two runs of one system on the same suite get a row each.
-    """
-    systems = {}  # label -> {suite: {"accuracy", "ci95", "n"}}
-    for d in dirs:
-        path = Path(d) / "summary.json"
-        if not path.is_file():
-            raise SystemExit(f"--compare: {path} not found; run evaluate.py with --out {d} first")
-        try:
-            s = json.loads(path.read_text(encoding="utf-8"))
-        except ValueError as e:
-            raise SystemExit(f"--compare: {path} is not valid JSON ({e}); rerun evaluate.py --out {d}") from None
-        label = (s.get("label") or Path(d).name).replace("|", "/")  # a "|" would split the table cell
-        if systems.get(label, {}).keys() & s["suites"].keys():
-            label = f"{label} ({Path(d).name})"  # the same system run twice on a suite
-        systems.setdefault(label, {}).update(s["suites"])
-    columns = list(dict.fromkeys(name for parts in systems.values() for name in parts)) + ["all"]
-    entries, rows = [], []
-    for label, parts in systems.items():
-        k = sum(round(p["accuracy"] * p["n"]) for p in parts.values())
-        n = sum(p["n"] for p in parts.values())
-        pooled = {"accuracy": k / max(n, 1), "ci95": list(wilson(k, n)), "n": n}
-        cells = []
-        for col in columns:
-            p = pooled if col == "all" else parts.get(col)  # None: this system was not run on that suite
-            if p is not None:
-                low, high = p["ci95"]
-                entries.append({"system": label, "suite": col, "accuracy": p["accuracy"], "ci95_low": low, "ci95_high": high, "n": p["n"]})
-            cells.append("-" if p is None else f"{100 * p['accuracy']:.1f} [{100 * low:.1f}, {100 * high:.1f}] n={p['n']}")
-        rows.append(f"| {label} | " + " | ".join(cells) + " |")
-    header = ["| system | " + " | ".join(columns) + " |", "|---" * (len(columns) + 1) + "|"]
-    note = "\naccuracy % [95% Wilson interval], n questions"
-    return "\n".join(header + rows) + note, entries
 
 
 # ---------------------------------------------------------------------------------------------

@@ -151,7 +151,7 @@ class Toolbox:
         # 2. Everything else runs in threads: Python programs are subprocesses, so they overlap. The
         #    pool is not joined on exit (shutdown(wait=False)): a tool that hangs is abandoned after
         #    the deadline instead of holding the rollout hostage.
-        others = [i for i in range(len(calls)) if i not in set(llm_rows)]
+        others = sorted(set(range(len(calls))) - set(llm_rows))
         pool = ThreadPoolExecutor(max_workers=max(1, min(8, len(others))))
         futures = {i: pool.submit(self.run_one, *calls[i]) for i in others}
         deadline = time.monotonic() + self.tool_timeout + self.python_timeout

@@ -206,11 +206,12 @@ def questions_for_step(examples, cfg, step, rank, world):
     """The questions of one step, for this process: a fixed shuffle per epoch of the training set."""
     q = cfg.questions_per_step
     start = (step - 1) * q
-    picked = []
+    picked, orders = [], {}
     for k in range(start, start + q):
         epoch, pos = divmod(k, len(examples))
-        order = np.random.default_rng(cfg.seed + epoch).permutation(len(examples))
-        picked.append(examples[order[pos]])
+        if epoch not in orders:  # one shuffle per epoch, not one per question
+            orders[epoch] = np.random.default_rng(cfg.seed + epoch).permutation(len(examples))
+        picked.append(examples[orders[epoch][pos]])
     return picked[rank::world]
 
 
