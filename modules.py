@@ -124,12 +124,17 @@ def verifier_prompt(query: str, analysis: str, memory: Memory, memory_chars: int
 def generator_prompt(query: str, memory: Memory, memory_chars: int = 1200) -> list[dict]:
     """Generator ("direct" variant): the final answer from the memory.
 
-    No placeholder such as "<final answer>" in the format line: the 135M model copies it verbatim.
+    Question first, then the steps, then the request: with the results between the question and
+    the request, the 135M model answered from them for 32 of 40 agent trajectories whose memory held
+    the right number, against 21 of 40 with the question after the results (it then copied the
+    question's expression). Question first also lets the G trajectories of a question share a longer
+    prompt prefix (engine.plan_prefix_sharing). No placeholder such as "<final answer>" in the format
+    line: the 135M model copies it verbatim.
     """
     return chat(
-        "You answer questions.",
-        f"Results of the steps so far:\n{memory.render(memory_chars)}\n\nQuestion: {query}\n"
-        "Answer with a number, a name or an expression only.",
+        "You answer questions from the results of tools.",
+        f"Question: {query}\n\nSteps so far:\n{memory.render(memory_chars)}\n\n"
+        "What is the answer to the question? Use the results above. Reply with the answer only.",
     )
 
 

@@ -143,4 +143,4 @@ def test_prompts_are_short_fresh_chats_that_state_their_format(tokenizer):
         assert n < 600, "prompts must fit a 135M model with a 2k context"
     assert "Tool Name:" in chats[1][1]["content"] and "178377" in chats[1][1]["content"]
     assert "Conclusion: STOP" in chats[4][1]["content"]
-    assert "Answer with" in chats[5][1]["content"] and "<" not in chats[5][1]["content"]
+    assert "answer only" in chats[5][1]["content"] and "<" not in chats[5][1]["content"]

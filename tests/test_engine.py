@@ -1,0 +1,70 @@
+"""The engine's shared-prefix prefill: the same tokens and log-probs as one left-padded batch.
+
+Run: python -m pytest -q tests/test_engine.py
+"""
+
+import torch
+
+import modules
+from engine import HFEngine, plan_prefix_sharing
+from memory import Memory
+from tools import OFFLINE_TOOLS
+
+from conftest import make_tiny_model
+
+
+def group_chats():
+    """A training-like call: two questions x three samples, plus one row that shares nothing long."""
+    chats = []
+    for q in ("What is 4821 * 37?", "Who founded Rythern Holdings?"):
+        for goal in ("multiply the numbers", "look it up", "multiply the numbers"):
+            m = Memory()
+            m.add("Python_Coder", goal, "print(1)", "1")
+            chats.append(modules.planner_prompt(q, "", OFFLINE_TOOLS, m, 600))
+    chats.append([{"role": "user", "content": "Hi"}])
+    return chats
+
+
+def test_plan_shares_each_group_prefix_once_and_leaves_every_row_a_token():
+    same = [[1, 2, 3, 4, 5]] * 4
+    prefixes, which, cut = plan_prefix_sharing(same)
+    assert prefixes == [[1, 2, 3, 4]] and which == [0] * 4 and cut == [4] * 4  # the last token stays the row's own
+    two = [[9] * 30 + [1, 2], [9] * 30 + [1, 3], [7] * 30 + [5], [7] * 30 + [6, 6]]
+    prefixes, which, cut = plan_prefix_sharing(two)
+    assert sorted(map(len, prefixes)) == [30, 31] and which[0] == which[1] != which[2] == which[3]
+    for p, w, c in zip(two, which, cut):
+        assert p[:c] == prefixes[w] and c < len(p)
+    # Nothing shared, or a single row: the plain left-padded batch is as cheap.
+    assert plan_prefix_sharing([[1, 2, 3], [4, 5, 6]]) is None
+    assert plan_prefix_sharing([[1, 2, 3]]) is None
+
+
+def test_shared_prefix_generation_equals_the_left_padded_batch(tokenizer):
+    model = make_tiny_model(len(tokenizer))
+    plain, shared = HFEngine(model, tokenizer, share_prefixes=False), HFEngine(model, tokenizer)
+    chats = group_chats()
+    prompts = [shared.encode(c, modules.PLANNER_PREFIX) for c in chats]
+    assert plan_prefix_sharing(prompts) is not None, "the test must exercise the shared path"
+    for temperature in (0.0, 0.7):
+        torch.manual_seed(0)
+        a = plain.generate(chats, max_new_tokens=12, temperature=temperature, prefix=modules.PLANNER_PREFIX)
+        torch.manual_seed(0)
+        b = shared.generate(chats, max_new_tokens=12, temperature=temperature, prefix=modules.PLANNER_PREFIX)
+        for x, y in zip(a, b):
+            assert x.prompt_ids == y.prompt_ids and x.response_ids == y.response_ids and x.text == y.text
+            assert torch.allclose(torch.tensor(x.logprobs), torch.tensor(y.logprobs), atol=1e-4)
+
+
+def test_shared_prefix_logprobs_are_the_policy_logprobs(tokenizer):
+    """What Flow-GRPO relies on: a sampled row's recorded log-probs equal a fresh forward pass."""
+    model = make_tiny_model(len(tokenizer))
+    engine = HFEngine(model, tokenizer)
+    chat = modules.planner_prompt("What is 4821 * 37?", "", OFFLINE_TOOLS, Memory(), 600)
+    torch.manual_seed(1)
+    gens = engine.generate([chat] * 4, max_new_tokens=10, temperature=0.7, prefix=modules.PLANNER_PREFIX)
+    for g in gens:
+        ids = torch.tensor([g.prompt_ids + g.response_ids])
+        with torch.no_grad():
+            logits = model(ids).logits[0, len(g.prompt_ids) - 1: -1] / 0.7
+        fresh = torch.log_softmax(logits, -1).gather(1, torch.tensor(g.response_ids)[:, None])[:, 0]
+        assert torch.allclose(fresh, torch.tensor(g.logprobs), atol=1e-4)
