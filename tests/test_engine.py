@@ -6,7 +6,8 @@ Run: python -m pytest -q tests/test_engine.py
 import torch
 
 import modules
-from engine import HFEngine, plan_prefix_sharing
+from engine import HFEngine
+from prefill import buckets, plan_prefix_sharing
 from memory import Memory
 from tools import OFFLINE_TOOLS
 
@@ -41,7 +42,7 @@ def test_plan_shares_each_group_prefix_once_and_leaves_every_row_a_token():
 
 def test_shared_prefix_generation_equals_the_left_padded_batch(tokenizer):
     model = make_tiny_model(len(tokenizer))
-    plain, shared = HFEngine(model, tokenizer, share_prefixes=False), HFEngine(model, tokenizer)
+    plain, shared = HFEngine(model, tokenizer, fast_prefill=False), HFEngine(model, tokenizer)
     chats = group_chats()
     prompts = [shared.encode(c, modules.PLANNER_PREFIX) for c in chats]
     assert plan_prefix_sharing(prompts) is not None, "the test must exercise the shared path"
@@ -68,3 +69,11 @@ def test_shared_prefix_logprobs_are_the_policy_logprobs(tokenizer):
             logits = model(ids).logits[0, len(g.prompt_ids) - 1: -1] / 0.7
         fresh = torch.log_softmax(logits, -1).gather(1, torch.tensor(g.response_ids)[:, None])[:, 0]
         assert torch.allclose(fresh, torch.tensor(g.logprobs), atol=1e-4)
+
+
+def test_buckets_bound_the_padding_of_every_bucket():
+    lengths = [100, 95, 81, 79, 40, 33, 0, 1]
+    groups = buckets(lengths)
+    assert sorted(i for g in groups for i in g) == [i for i, n in enumerate(lengths) if n > 0]  # every row once, none empty
+    for g in groups:
+        assert min(lengths[i] for i in g) >= 0.8 * max(lengths[i] for i in g)
