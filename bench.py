@@ -17,6 +17,9 @@ training data is rolled out G times (a group), exactly as train.py does at one s
     rollout_batched_speedup  seconds of the same G trajectories rolled out one by one          >= 3
                              (G calls of rollout with one query each) / seconds of the batched
                              rollout. torch.manual_seed is reset identically before each variant.
+    rollout_fast_prefill_    seconds of the batched rollout with the plain prefill (whole
+      speedup                prompts, left-padded) / with prefill.py's (shared prefixes once,
+                             rows in length buckets), from the same seed
     update_vs_plain          tok/s of the update (reference log-probs by update.fill_logprobs  >= 0.7
                              from the frozen copy + update.update over the planner-turn rows)
                              / tok/s of a plain causal-LM forward (full logits, labels=...)
@@ -39,9 +42,10 @@ training data is rolled out G times (a group), exactly as train.py does at one s
                              model whose parameters are mostly vocabulary it can pass 100%.
 
 Sizes default to train.py's `--preset cpu` with G = 8; the loss settings are train.Config's. The
-figures depend on the machine. On a CPU the rollout is prefill-bound (8 rows x ~300 prompt tokens
-per call against ~25 generated), and prefill costs the same batched or not, so the batched speedup
-stays near 1 there; it is the decode steps that batching shares, which dominate on a GPU. On a CPU
+figures depend on the machine. On a CPU a rollout call prefills 8 rows x 100-300 prompt tokens and
+decodes 6-40, and a prefill costs the same batched or not; only what prefill.py removes (a prefix the
+rows share, computed once; pads, never computed) and the decode steps (8 rows a step cost ~1.8x one
+row, not 8x) make batching pay. On a GPU the decode steps dominate and batching pays more. On a CPU
 shared with other busy processes, pass --threads 1: two processes that each spin two OpenMP threads
 on two cores run several times slower than with one thread each, and the ratios turn to noise.
 
@@ -273,6 +277,15 @@ def bench(args) -> dict:
     one_by_one_s = time.perf_counter() - t0
     one_by_one_tokens = planner.tokens_generated + frozen_engine.tokens_generated - tokens_before
 
+    # 4b. The batched rollout again with the plain prefill (every row's whole prompt, left-padded),
+    #     from the same seed: what prefill.py's shared prefixes and length buckets save.
+    planner.fast_prefill = frozen_engine.fast_prefill = False
+    torch.manual_seed(seed)
+    t0 = time.perf_counter()
+    rollout(queries, planner, frozen_engine, toolbox, rcfg, examples=examples)
+    plain_prefill_s = time.perf_counter() - t0
+    planner.fast_prefill = frozen_engine.fast_prefill = True
+
     # 5. One training step on the batched group: reward -> advantage -> rows -> ref log-probs -> update.
     #    The old log-probs are the sampled ones (old_logprobs=sample), as in train.py's cpu preset.
     rewards = torch.tensor([tasks.score(tr.final_output, tr.example) for tr in trajs])
@@ -307,6 +320,7 @@ def bench(args) -> dict:
     return {
         "rollout_vs_generate": rollout_tok_s / max(replay_tok_s, eps),
         "rollout_batched_speedup": one_by_one_s / max(batched_s, eps),
+        "rollout_fast_prefill_speedup": plain_prefill_s / max(batched_s, eps),
         "update_vs_plain": update_tok_s / max(plain_tok_s, eps),
         "pad_fraction": pad_fraction(rows, cfg.micro_batch_rows),
         "peak_rss_gb": peak,
@@ -322,6 +336,7 @@ def bench(args) -> dict:
         "rollout_tools_s": max(tr.seconds.get("tools", 0.0) for tr in trajs),
         "generate_calls": sum(len(rec.calls) for rec in (rec_planner, rec_frozen)),
         "one_by_one_s": one_by_one_s, "one_by_one_tokens": one_by_one_tokens, "batched_s": batched_s,
+        "plain_prefill_s": plain_prefill_s,
         "update_tokens": update_tokens, "update_rows": len(rows), "update_s": update_s, "update_tok_s": update_tok_s,
         "plain_s": plain_s, "plain_tok_s": plain_tok_s, "parameters": n_params,
         "turns_per_traj": sum(len(tr.turns) for tr in trajs) / len(trajs), "reward_mean": float(rewards.mean()),
@@ -346,16 +361,17 @@ def table(r: dict) -> str:
     rows = [("rollout_vs_generate", f"{r['rollout_vs_generate']:.3f}", f"{r['rollout_tok_s']:.1f} vs {r['replay_tok_s']:.1f} tok/s"),
             ("  (rollout split)", "", f"generate {r['rollout_generate_s']:.3g} s, tools {r['rollout_tools_s']:.3g} s"),
             ("rollout_batched_speedup", f"{r['rollout_batched_speedup']:.2f}", f"{r['one_by_one_s']:.3g} s vs {r['batched_s']:.3g} s"),
+            ("rollout_fast_prefill_speedup", f"{r['rollout_fast_prefill_speedup']:.2f}", f"{r['plain_prefill_s']:.3g} s plain prefill vs {r['batched_s']:.3g} s"),
             ("update_vs_plain", f"{r['update_vs_plain']:.3f}", f"{r['update_tok_s']:.1f} vs {r['plain_tok_s']:.1f} tok/s"),
             ("pad_fraction", f"{r['pad_fraction']:.3f}", f"{r['update_rows']} rows, {r['update_tokens']} tokens"),
             ("peak_rss_gb", f"{r['peak_rss_gb']:.2f}", "one training step"),
             ("model_copies", f"{r['model_copies']:.2f}", "policy + frozen"),
             ("matmul_gflops", f"{r['matmul_gflops']:.1f}", "fp32 matmul, best"),
             ("update_gflops", f"{r['update_gflops']:.1f}", f"{r['update_gflops_fraction']:.1%} of matmul")]
-    lines = [f"{'figure':<24} | {'value':>8} | {'target':>7} | {'met?':<4} | raw", "-" * 80]
+    lines = [f"{'figure':<28} | {'value':>8} | {'target':>7} | {'met?':<4} | raw", "-" * 84]
     for key, value, raw in rows:
         flag = {True: "yes", False: "NO", None: "-" if value else ""}[r["met"].get(key)]
-        lines.append(f"{key:<24} | {value:>8} | {r['targets'].get(key, '-' if value else ''):>7} | {flag:<4} | {raw}")
+        lines.append(f"{key:<28} | {value:>8} | {r['targets'].get(key, '-' if value else ''):>7} | {flag:<4} | {raw}")
     return "\n".join(lines)
 
 

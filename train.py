@@ -94,6 +94,7 @@ class Config:
     agg: str = "token-mean"  # loss aggregation: token-mean (official) or flow (the paper's 1/G 1/T_i 1/|a|)
     scale_advantages: bool = True  # divide by the group std (paper); off = Dr. GRPO
     old_logprobs: str = "sample"  # pi_old from the sampling pass ('sample') or a fresh forward ('recompute')
+    filter_groups: bool = False  # leave groups whose G rewards are all equal out of the update (one process only)
     # optimisation
     lr: float = 1e-6  # AdamW learning rate, constant (paper: 1e-6)
     weight_decay: float = 0.01  # AdamW weight decay (paper: 0.01)
@@ -115,10 +116,10 @@ class Config:
 PRESETS = {
     # demo.py's training run on 2 CPU cores: the embedded 135M model, the offline mixed suite, groups of
     # G = 8, two questions a step, short replies, a learning rate for a 135M model and a few dozen steps.
-    "cpu-demo": dict(model=EMBEDDED, data="mixed", group_size=8, questions_per_step=2, mini_batch_questions=2,
+    "cpu-demo": dict(model=EMBEDDED, data="mixed", group_size=8, questions_per_step=4, mini_batch_questions=4,
                      max_turns=2, analysis_tokens=0, planner_tokens=24, executor_tokens=32, verifier_tokens=6,
-                     generator_tokens=16, memory_chars=500, lr=1e-5, steps=30, eval_every=10, eval_n=20,
-                     checkpoint_every=10),
+                     generator_tokens=16, memory_chars=500, temperature=1.0, filter_groups=True, lr=2e-5, steps=25,
+                     eval_every=10, eval_n=20, checkpoint_every=10),
     # The official recipe (the paper's Sec. 4 and the official training script): Qwen2.5-7B-Instruct,
     # G = 8, 32 questions per step in mini-batches of 8, lr 1e-6, clip 0.2/0.3, beta 0.001 low_var_kl,
     # 3 turns in training, temperature 0.7, bf16 with gradient checkpointing; old log-probs recomputed
@@ -173,6 +174,8 @@ def validate(cfg: Config, world: int = 1):
         (cfg.mini_batch_questions % world == 0,
          f"--mini-batch-questions {cfg.mini_batch_questions} must be a multiple of the {world} processes"),
         (cfg.micro_batch_rows >= 1 and cfg.epochs >= 1, "--micro-batch-rows and --epochs must be >= 1"),
+        (not cfg.filter_groups or world == 1, "--filter-groups leaves each process a different number of rows, which "
+         "DDP's gradient all-reduce cannot follow: run one process or pass --no-filter-groups"),
     ]
     for ok, message in checks:
         if not ok:
@@ -311,7 +314,15 @@ def train(cfg: Config, reward_fn=None, given=frozenset()) -> dict:
         # ---- 3. advantage: normalised within each group of G, broadcast to every turn -----------
         rewards = torch.tensor([tr.reward for tr in trajs])
         advantages = group_advantages(rewards, group_of, scale=cfg.scale_advantages)  # (N,)
-        rows = make_rows(trajs, advantages, group_of, per_mini)
+        keep = list(range(len(trajs)))
+        if cfg.filter_groups:
+            # A group whose G rewards are all equal has advantage 0 on every turn: its rows would only
+            # add the small KL term, at the cost of a reference pass and a forward/backward each. With a
+            # sparse reward (most groups all 0) that is most of the update. As in DAPO's dynamic sampling
+            # (without its resampling), they are left out, and the token-mean runs over the others.
+            spread = {g for g in set(group_of) if rewards[[i for i, h in enumerate(group_of) if h == g]].unique().numel() > 1}
+            keep = [i for i, g in enumerate(group_of) if g in spread]
+        rows = make_rows([trajs[i] for i in keep], advantages[keep], [group_of[i] for i in keep], per_mini)
 
         # ---- 4. reference (and recomputed old) log-probs, no gradients --------------------------
         t1 = time.perf_counter()

@@ -188,6 +188,8 @@ def update(cfg, accelerator, policy, optimizer, rows, n_mini, pad_id) -> dict:
     for epoch in range(cfg.epochs):
         for mini in range(n_mini):
             mine = [r for r in rows if r.mini == mini]
+            if not mine and accelerator.num_processes == 1:
+                continue  # nothing to train in this mini-batch (e.g. every group filtered out): no step
             # The loss of a mini-batch is normalised over ALL processes' rows, so that DDP's gradient
             # average (divide by the world size) gives exactly the full-batch token-mean / flow value.
             local = sum(r.n_resp for r in mine) if cfg.agg == "token-mean" else sum(1.0 / r.turns for r in mine)

@@ -15,7 +15,7 @@ from conftest import ROOT
 
 REQUIRED = ("rollout_vs_generate", "rollout_batched_speedup", "update_vs_plain", "pad_fraction", "peak_rss_gb",
             "matmul_gflops", "update_gflops", "model_copies", "rollout_tok_s", "replay_tok_s", "one_by_one_s",
-            "batched_s", "update_tok_s", "plain_tok_s", "update_s", "plain_s")
+            "batched_s", "update_tok_s", "plain_tok_s", "update_s", "plain_s", "rollout_fast_prefill_speedup")
 TINY = ["--group-size", "3", "--max-turns", "1", "--analysis-tokens", "0", "--planner-tokens", "6",
         "--executor-tokens", "6", "--verifier-tokens", "3", "--generator-tokens", "3", "--data", "arithmetic",
         "--threads", "1"]

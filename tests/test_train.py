@@ -91,6 +91,24 @@ def test_flow_grpo_raises_the_rewarded_tool_from_chance_to_above_0_9(tokenizer, 
     assert lines[-1]["reward_mean"] > lines[0]["reward_mean"]
 
 
+def test_filter_groups_trains_only_the_groups_whose_rewards_differ(tiny_model_dir, tmp_path):
+    args = TINY + ["--model", str(tiny_model_dir), "--steps", "1", "--checkpoint-every", "1", "--filter-groups"]
+    start = load_file(str(tiny_model_dir / "model.safetensors"))
+    # Every reward equal: no group carries a signal, so nothing is trained and the weights stay put.
+    cfg, _ = train.parse_args(args + ["--out", str(tmp_path / "flat")])
+    train.train(cfg, reward_fn=lambda tr: 1.0)
+    m = json.loads((tmp_path / "flat" / "metrics.jsonl").read_text())
+    assert m["frac_reward_zero_std"] == 1.0 and m["optimizer_steps"] == 0 and m["update_tok_s"] == 0
+    after = final_params(tmp_path / "flat", 1)
+    assert all(torch.equal(start[k], after[k]) for k in after if k in start)
+    # The first trajectory of each group rewarded: every group has a spread, so every row is trained.
+    seen = []
+    cfg, _ = train.parse_args(args + ["--out", str(tmp_path / "spread")])
+    train.train(cfg, reward_fn=lambda tr: float(seen.append(tr) or len(seen) % 2 == 1))
+    m = json.loads((tmp_path / "spread" / "metrics.jsonl").read_text())
+    assert m["frac_reward_zero_std"] == 0.0 and m["optimizer_steps"] >= 1 and m["update_tok_s"] > 0
+
+
 # ---- checkpoints and resume -------------------------------------------------------------------
 
 def test_stop_then_resume_gives_the_same_parameters_as_an_uninterrupted_run(tiny_model_dir, tmp_path):
