@@ -5,7 +5,8 @@ follow TRL where one exists: frac_reward_zero_std, clip fractions):
 
     reward_mean, accuracy      mean R_i and the share of correct trajectories in the batch
     frac_reward_zero_std       groups whose G rewards are all equal: they carry no learning signal
-    kl, entropy                k3 KL to the frozen reference and entropy of pi_theta on the response tokens
+    kl, entropy                k3 KL to the frozen reference and entropy of pi_theta on the trained
+                               response tokens (null on a step that trained no row: filter_groups)
     clip_frac_low/high         share of response tokens whose ratio was clipped below / above
     turns_per_traj, tool_calls, tool_errors, invalid_action_rate, empty_command_rate
     response_length, truncation_ratio   planner tokens per turn, turns cut by max_new_tokens
@@ -32,6 +33,10 @@ def test_accuracy(cfg, planner, frozen_engine, toolbox, rcfg, examples, accelera
                                 toolbox, batch_size=len(examples), progress=False) if accelerator.is_main_process else []
     acc = sum(r["score"] for r in records) / max(len(records), 1)
     return accelerator.reduce(torch.tensor(acc, device=accelerator.device), "sum").item()  # only rank 0 is non-zero
+
+
+# Figures measured on the trained rows; a step that trained no row (every group filtered out) has none.
+UPDATE_STATS = ("kl", "clip_frac_low", "clip_frac_high", "ratio_mean", "entropy", "loss", "pg_loss")
 
 
 def step_metrics(step, trajs, rewards, group_of, rows, upd, rollout_s, update_s, accelerator, tools) -> dict:
@@ -65,11 +70,16 @@ def step_metrics(step, trajs, rewards, group_of, rows, upd, rollout_s, update_s,
         "turns_per_traj": s["turns"] / n, "invalid_action_rate": s["invalid"] / turns, "empty_command_rate": s["empty_cmd"] / turns,
         "tool_calls": {t: int(s[f"calls/{t}"]) for t in tools + ("(none)",)},
         "tool_errors": {t: int(s[f"errors/{t}"]) for t in tools + ("(none)",)},
-        "response_length": s["resp_tokens"] / max(s["rows"], 1), "truncation_ratio": s["truncated"] / turns,
+        "response_length": s["gen_tokens"] / turns, "truncation_ratio": s["truncated"] / turns,
         "grad_norm": upd["grad_norm"], "skipped_updates": upd["skipped_updates"], "optimizer_steps": upd["optimizer_steps"],
         "rollout_s": rollout_s, "update_s": update_s,
         "rollout_tok_s": s["gen_tokens"] / max(rollout_s, 1e-9), "update_tok_s": s["update_tokens"] / max(update_s, 1e-9),
-    }
+    } | ({} if s["rows"] else {k: None for k in UPDATE_STATS})  # nothing trained (filter_groups): no such figure
+
+
+
+def _f(value, spec: str) -> str:
+    return "-" if value is None else format(value, spec)
 
 
 def console_line(m: dict, steps: int) -> str:
@@ -77,8 +87,8 @@ def console_line(m: dict, steps: int) -> str:
     tools = " ".join(f"{short.get(t, t)} {c}/{m['tool_errors'][t]}" for t, c in m["tool_calls"].items() if c)
     return " | ".join([
         f"step {m['step']}/{steps}", f"reward {m['reward_mean']:.3f}", f"acc {m['accuracy']:.3f}",
-        f"zero_std {m['frac_reward_zero_std']:.2f}", f"kl {m['kl']:.4f}",
-        f"clip {m['clip_frac_low']:.3f}/{m['clip_frac_high']:.3f}", f"ent {m['entropy']:.2f}",
+        f"zero_std {m['frac_reward_zero_std']:.2f}", f"kl {_f(m['kl'], '.4f')}",
+        f"clip {_f(m['clip_frac_low'], '.3f')}/{_f(m['clip_frac_high'], '.3f')}", f"ent {_f(m['entropy'], '.2f')}",
         f"turns {m['turns_per_traj']:.2f}", f"tools(calls/err) {tools}", f"resp {m['response_length']:.1f}",
         f"trunc {m['truncation_ratio']:.2f}", f"gnorm {m['grad_norm']:.3f}",
         f"rollout {m['rollout_s']:.1f}s", f"update {m['update_s']:.1f}s", f"tok/s {m['rollout_tok_s']:.0f}/{m['update_tok_s']:.0f}",
