@@ -7,7 +7,7 @@ import torch
 
 import modules
 from engine import HFEngine
-from prefill import buckets, plan_prefix_sharing
+from prefill import buckets, plan_prefix_sharing, prefill
 from memory import Memory
 from tools import OFFLINE_TOOLS
 
@@ -77,3 +77,36 @@ def test_buckets_bound_the_padding_of_every_bucket():
     assert sorted(i for g in groups for i in g) == [i for i, n in enumerate(lengths) if n > 0]  # every row once, none empty
     for g in groups:
         assert min(lengths[i] for i in g) >= 0.8 * max(lengths[i] for i in g)
+
+
+def test_a_model_with_a_sliding_window_cache_falls_back_to_the_plain_batch(tokenizer):
+    """prefill.py lays out plain full-attention caches only; any other cache gets the plain prefill."""
+    from transformers import MistralConfig, MistralForCausalLM
+
+    torch.manual_seed(0)
+    config = MistralConfig(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                           num_attention_heads=4, num_key_value_heads=2, sliding_window=16, max_position_embeddings=4096)
+    model = MistralForCausalLM(config).eval()
+    fast, plain = HFEngine(model, tokenizer), HFEngine(model, tokenizer, fast_prefill=False)
+    chats = group_chats()
+    assert prefill(model, [fast.encode(c) for c in chats], tokenizer.pad_token_id) is None
+    a = plain.generate(chats, max_new_tokens=8, temperature=0.0, prefix=modules.PLANNER_PREFIX)
+    b = fast.generate(chats, max_new_tokens=8, temperature=0.0, prefix=modules.PLANNER_PREFIX)
+    assert [g.response_ids for g in a] == [g.response_ids for g in b]
+
+
+def test_shared_prefix_generation_on_a_qwen2_model_equals_the_plain_batch(tokenizer):
+    """The paper's model family (biased q/k/v projections): the same tokens as the plain batch."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(0)
+    config = Qwen2Config(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096)
+    model = Qwen2ForCausalLM(config).eval()
+    fast, plain = HFEngine(model, tokenizer), HFEngine(model, tokenizer, fast_prefill=False)
+    chats = group_chats()
+    a = plain.generate(chats, max_new_tokens=8, temperature=0.0, prefix=modules.PLANNER_PREFIX)
+    b = fast.generate(chats, max_new_tokens=8, temperature=0.0, prefix=modules.PLANNER_PREFIX)
+    for x, y in zip(a, b):
+        assert x.response_ids == y.response_ids
+        assert torch.allclose(torch.tensor(x.logprobs), torch.tensor(y.logprobs), atol=1e-4)
