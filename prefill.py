@@ -111,6 +111,23 @@ def _cache_of(model, keys, values):
     return cache
 
 
+def _stack(parts, width: int):
+    """Per layer, (n, heads, width, d) keys and values with part j's (heads, len_j, d) right-aligned.
+
+    `parts` holds one (keys, values) pair of per-layer tensors per row; the positions before a row's
+    tokens stay zero: pads, hidden by the attention mask.
+    """
+    stacked = ([], [])
+    for kind in (0, 1):
+        for layer in range(len(parts[0][kind])):
+            first = parts[0][kind][layer]
+            full = first.new_zeros((len(parts), first.shape[0], width, first.shape[2]))
+            for j, part in enumerate(parts):
+                full[j, :, width - part[kind][layer].shape[1]:] = part[kind][layer]
+            stacked[kind].append(full)
+    return stacked
+
+
 def _run(model, ids, mask, start, past=None):
     """One forward over a left-padded (n, w) block whose rows continue `past` from positions `start`.
 
@@ -161,19 +178,10 @@ def prefill(model, prompts, pad: int):
     for group in buckets([len(r) for r in rests]):
         width = max(cut[i] for i in group)  # the prefixes, left-padded to the longest in this bucket
         pre_mask = torch.zeros((len(group), width), dtype=torch.long)
-        keys, values = [], []
-        for layer in range(len(rows[0][0])):
-            k = rows[0][0][layer]
-            shape = (len(group), k.shape[0], width, k.shape[2])
-            keys.append(k.new_zeros(shape))
-            values.append(k.new_zeros(shape))
-            for b, i in enumerate(group):
-                keys[layer][b, :, width - cut[i]:] = kv[which[i]][0][layer]
-                values[layer][b, :, width - cut[i]:] = kv[which[i]][1][layer]
         for b, i in enumerate(group):
             pre_mask[b, width - cut[i]:] = 1
+        past = (_cache_of(model, *_stack([kv[which[i]] for i in group], width)), pre_mask.to(device))
         ids, mask = left_pad([rests[i] for i in group], pad)
-        past = (_cache_of(model, keys, values), pre_mask.to(device))
         out = _run(model, ids.to(device), mask.to(device), torch.tensor([cut[i] for i in group], device=device), past)
         for b, i in enumerate(group):
             end = out[0][0].shape[2]  # its prefix ends the padded prefix block; its rest ends the row
@@ -182,13 +190,4 @@ def prefill(model, prompts, pad: int):
 
     # 3. One left-padded cache, W - 1 wide: the plain batch's layout.
     input_ids, attention = left_pad(prompts, pad)
-    width = input_ids.shape[1] - 1
-    keys, values = [], []
-    for layer in range(len(rows[0][0])):
-        k = rows[0][0][layer]
-        keys.append(k.new_zeros((len(prompts), k.shape[0], width, k.shape[2])))
-        values.append(k.new_zeros((len(prompts), k.shape[0], width, k.shape[2])))
-        for i, (rk, rv) in enumerate(rows):
-            keys[layer][i, :, width - rk[layer].shape[1]:] = rk[layer]
-            values[layer][i, :, width - rv[layer].shape[1]:] = rv[layer]
-    return input_ids, attention, _cache_of(model, keys, values)
+    return input_ids, attention, _cache_of(model, *_stack(rows, input_ids.shape[1] - 1))
