@@ -114,7 +114,7 @@ class Config:
 
 
 PRESETS = {
-    # demo.py's training run on 2 CPU cores (about 25 minutes with its evaluations): the embedded 135M
+    # demo.py's training run on 2 CPU cores (25 minutes with its evaluations): the embedded 135M
     # model, the offline mixed suite, G = 8, four questions a step, short replies. The reward is sparse
     # here: with 2 questions a step at temperature 0.7, 93% of the groups had all-equal rewards (the
     # planner's 8 samples mostly agreed, and lookup and Game of 24 pay nothing at 135M), so only 4 of
@@ -122,7 +122,7 @@ PRESETS = {
     # time spent on groups without signal) and a higher learning rate for the fewer optimiser steps.
     "cpu-demo": dict(model=EMBEDDED, data="mixed", group_size=8, questions_per_step=4, mini_batch_questions=4,
                      max_turns=2, analysis_tokens=0, planner_tokens=24, executor_tokens=32, verifier_tokens=6,
-                     generator_tokens=16, memory_chars=500, temperature=1.0, filter_groups=True, lr=2e-5, steps=25,
+                     generator_tokens=16, memory_chars=500, temperature=1.0, filter_groups=True, lr=2e-5, steps=30,
                      eval_every=10, eval_n=20, checkpoint_every=10),
     # The official recipe (the paper's Sec. 4 and the official training script): Qwen2.5-7B-Instruct,
     # G = 8, 32 questions per step in mini-batches of 8, lr 1e-6, clip 0.2/0.3, beta 0.001 low_var_kl,
