@@ -69,6 +69,7 @@ from accelerate import Accelerator
 import tasks
 from engine import EMBEDDED, HFEngine, load_model
 from flow_grpo import group_advantages
+from prefill import left_pad
 from rollout import RolloutConfig, rollout
 from tools import Toolbox, check_tool_names, local_search
 from train import PRESETS, Config, questions_for_step, step_seed
@@ -119,12 +120,7 @@ def replay(recorders) -> tuple[float, int]:
                 tokens += sum(lengths[i] for i in idx)
                 if n == 0:
                     continue
-                width = max(len(prompts[i]) for i in idx)
-                ids = torch.full((len(idx), width), pad, dtype=torch.long)  # (B, P), left-padded
-                attn = torch.zeros((len(idx), width), dtype=torch.long)
-                for row, i in enumerate(idx):
-                    ids[row, width - len(prompts[i]):] = torch.tensor(prompts[i])
-                    attn[row, width - len(prompts[i]):] = 1
+                ids, attn = left_pad([prompts[i] for i in idx], pad)  # (B, P), the plain batch
                 t0 = time.perf_counter()
                 model.generate(input_ids=ids.to(model.device), attention_mask=attn.to(model.device), max_new_tokens=n,
                                min_new_tokens=n, do_sample=False, pad_token_id=pad)

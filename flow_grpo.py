@@ -52,6 +52,15 @@ KL_CLAMP = 10.0  # verl clamps each low_var_kl value to [-10, 10]
 # advantages: one per trajectory, then one per planner turn
 
 
+def flat_groups(rewards, group_ids) -> set:
+    """Ids of the groups whose rewards are all equal. Their advantages are all 0: no learning signal
+    (metrics.frac_reward_zero_std counts them; train.py's filter_groups leaves them out)."""
+    seen: dict = {}
+    for g, r in zip(group_ids, torch.as_tensor(rewards).tolist()):
+        seen.setdefault(g, set()).add(r)
+    return {g for g, values in seen.items() if len(values) == 1}
+
+
 def group_advantages(rewards, group_ids: Sequence[Hashable], eps: float = 1e-6,
                      scale: bool = True) -> torch.Tensor:
     """Group-normalised advantage of each trajectory, A_i = (R_i - mean_G) / (std_G + eps).

@@ -24,6 +24,7 @@ from pathlib import Path
 import torch
 
 from evaluate import evaluate_examples
+from flow_grpo import flat_groups
 from rollout import rollout_stats
 
 
@@ -42,13 +43,10 @@ UPDATE_STATS = ("kl", "clip_frac_low", "clip_frac_high", "ratio_mean", "entropy"
 def step_metrics(step, trajs, rewards, group_of, rows, upd, rollout_s, update_s, accelerator, tools) -> dict:
     """Per-step metrics; sums are reduced over processes so every figure covers the whole batch."""
     rs = rollout_stats(trajs)  # tool calls and errors per tool
-    groups = {}
-    for g, r in zip(group_of, rewards.tolist()):
-        groups.setdefault(g, []).append(r)
     n_resp = [r.n_resp for r in rows]
     sums = {
         "n": len(trajs), "reward": float(rewards.sum()), "correct": float((rewards >= 1).sum()),
-        "groups": len(groups), "zero_std": sum(len(set(v)) == 1 for v in groups.values()),
+        "groups": len(set(group_of)), "zero_std": len(flat_groups(rewards, group_of)),
         "turns": sum(len(t.turns) for t in trajs), "rows": len(rows), "resp_tokens": sum(n_resp),
         "truncated": sum(t.truncated for tr in trajs for t in tr.turns),
         "invalid": sum(not t.valid_action for tr in trajs for t in tr.turns),

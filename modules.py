@@ -128,7 +128,7 @@ def generator_prompt(query: str, memory: Memory, memory_chars: int = 1200) -> li
     the request, the 135M model answered from them for 32 of 40 agent trajectories whose memory held
     the right number, against 21 of 40 with the question after the results (it then copied the
     question's expression). Question first also lets the G trajectories of a question share a longer
-    prompt prefix (engine.plan_prefix_sharing). No placeholder such as "<final answer>" in the format
+    prompt prefix (prefill.plan_prefix_sharing). No placeholder such as "<final answer>" in the format
     line: the 135M model copies it verbatim.
     """
     return chat(

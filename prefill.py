@@ -137,8 +137,6 @@ def _run(model, ids, mask, start, past=None):
     full_mask = mask if past is None else torch.cat([past[1], mask], 1)
     out = model(input_ids=ids, attention_mask=full_mask, position_ids=positions, logits_to_keep=1, use_cache=True,
                 cache=None if past is None else past[0])
-    if not all(type(layer) is DynamicLayer for layer in out.cache.layers):
-        return None  # sliding-window or other cache layers: not laid out as one (B, heads, L, d) tensor
     return [layer.keys for layer in out.cache.layers], [layer.values for layer in out.cache.layers]
 
 
@@ -155,6 +153,8 @@ def prefill(model, prompts, pad: int):
     """
     if len(prompts) < 2 or min(len(p) for p in prompts) < 2:
         return None
+    if not all(type(layer) is DynamicLayer for layer in DynamicCache(config=model.config).layers):
+        return None  # sliding-window or other cache layers: not laid out as one (B, heads, L, d) tensor
     device = model.device
     plan = plan_prefix_sharing(prompts)
     if plan is None:  # nothing shared: every row's "prefix" is all but its last token
@@ -166,8 +166,6 @@ def prefill(model, prompts, pad: int):
     for group in buckets([len(p) for p in prefixes]):
         ids, mask = left_pad([prefixes[k] for k in group], pad)
         out = _run(model, ids.to(device), mask.to(device), torch.zeros(len(group), dtype=torch.long, device=device))
-        if out is None:
-            return None
         for b, k in enumerate(group):
             n = len(prefixes[k])
             kv[k] = ([t[b, :, t.shape[2] - n:] for t in out[0]], [t[b, :, t.shape[2] - n:] for t in out[1]])

@@ -56,7 +56,7 @@ import remote_engine
 import sizing
 import tasks
 from engine import EMBEDDED, HFEngine, load_model
-from flow_grpo import AGGREGATIONS, KL_KINDS, group_advantages
+from flow_grpo import AGGREGATIONS, KL_KINDS, flat_groups, group_advantages
 from rollout import RolloutConfig, format_trajectory, rollout
 from tools import Toolbox, check_tool_names
 from update import fill_logprobs, make_rows, update
@@ -324,8 +324,8 @@ def train(cfg: Config, reward_fn=None, given=frozenset()) -> dict:
             # add the small KL term, at the cost of a reference pass and a forward/backward each. With a
             # sparse reward (most groups all 0) that is most of the update. As in DAPO's dynamic sampling
             # (without its resampling), they are left out, and the token-mean runs over the others.
-            spread = {g for g in set(group_of) if rewards[[i for i, h in enumerate(group_of) if h == g]].unique().numel() > 1}
-            keep = [i for i, g in enumerate(group_of) if g in spread]
+            flat = flat_groups(rewards, group_of)
+            keep = [i for i, g in enumerate(group_of) if g not in flat]
         rows = make_rows([trajs[i] for i in keep], advantages[keep], [group_of[i] for i in keep], per_mini)
 
         # ---- 4. reference (and recomputed old) log-probs, no gradients --------------------------

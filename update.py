@@ -34,6 +34,7 @@ from dataclasses import dataclass
 import torch
 
 from flow_grpo import agg_loss, entropy_from_logits, kl_penalty, policy_loss, token_logprobs
+from prefill import left_pad
 
 
 # ---------------------------------------------------------------------------------------------
@@ -54,15 +55,12 @@ class Row:
 
 def collate(rows, pad_id: int, device) -> dict:
     """Left-pad rows into tensors. The loss mask is built from recorded lengths, never from token ids."""
-    B, L, R = len(rows), max(len(r.ids) for r in rows), max(r.n_resp for r in rows)
-    ids = torch.full((B, L), pad_id, dtype=torch.long)
-    attn = torch.zeros((B, L), dtype=torch.long)
+    ids, attn = left_pad([r.ids for r in rows], pad_id)  # (B, L)
+    B, L, R = len(rows), ids.shape[1], max(r.n_resp for r in rows)
     mask = torch.zeros((B, R))
     old = torch.zeros((B, R))
     ref = torch.zeros((B, R))
     for b, r in enumerate(rows):
-        ids[b, L - len(r.ids):] = torch.tensor(r.ids)
-        attn[b, L - len(r.ids):] = 1
         mask[b, R - r.n_resp:] = 1
         old[b, R - r.n_resp:] = torch.tensor(r.old_logp)
         if r.ref_logp is not None:

@@ -6,7 +6,7 @@ Run: python -m pytest -q tests/test_engine.py
 import torch
 
 import modules
-from engine import HFEngine
+from engine import HFEngine, encode_chat
 from prefill import buckets, plan_prefix_sharing, prefill
 from memory import Memory
 from tools import OFFLINE_TOOLS
@@ -79,6 +79,12 @@ def test_buckets_bound_the_padding_of_every_bucket():
         assert min(lengths[i] for i in g) >= 0.8 * max(lengths[i] for i in g)
 
 
+def plain_and_fast(model, tokenizer, chats):
+    """Greedy generations of the plain batch and of prefill.py's, on the same model."""
+    plain, fast = HFEngine(model, tokenizer, fast_prefill=False), HFEngine(model, tokenizer)
+    return [e.generate(chats, max_new_tokens=8, temperature=0.0, prefix=modules.PLANNER_PREFIX) for e in (plain, fast)]
+
+
 def test_a_model_with_a_sliding_window_cache_falls_back_to_the_plain_batch(tokenizer):
     """prefill.py lays out plain full-attention caches only; any other cache gets the plain prefill."""
     from transformers import MistralConfig, MistralForCausalLM
@@ -87,11 +93,9 @@ def test_a_model_with_a_sliding_window_cache_falls_back_to_the_plain_batch(token
     config = MistralConfig(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                            num_attention_heads=4, num_key_value_heads=2, sliding_window=16, max_position_embeddings=4096)
     model = MistralForCausalLM(config).eval()
-    fast, plain = HFEngine(model, tokenizer), HFEngine(model, tokenizer, fast_prefill=False)
     chats = group_chats()
-    assert prefill(model, [fast.encode(c) for c in chats], tokenizer.pad_token_id) is None
-    a = plain.generate(chats, max_new_tokens=8, temperature=0.0, prefix=modules.PLANNER_PREFIX)
-    b = fast.generate(chats, max_new_tokens=8, temperature=0.0, prefix=modules.PLANNER_PREFIX)
+    assert prefill(model, [encode_chat(tokenizer, c) for c in chats], tokenizer.pad_token_id) is None
+    a, b = plain_and_fast(model, tokenizer, chats)
     assert [g.response_ids for g in a] == [g.response_ids for g in b]
 
 
@@ -102,11 +106,7 @@ def test_shared_prefix_generation_on_a_qwen2_model_equals_the_plain_batch(tokeni
     torch.manual_seed(0)
     config = Qwen2Config(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                          num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096)
-    model = Qwen2ForCausalLM(config).eval()
-    fast, plain = HFEngine(model, tokenizer), HFEngine(model, tokenizer, fast_prefill=False)
-    chats = group_chats()
-    a = plain.generate(chats, max_new_tokens=8, temperature=0.0, prefix=modules.PLANNER_PREFIX)
-    b = fast.generate(chats, max_new_tokens=8, temperature=0.0, prefix=modules.PLANNER_PREFIX)
+    a, b = plain_and_fast(Qwen2ForCausalLM(config).eval(), tokenizer, group_chats())
     for x, y in zip(a, b):
         assert x.response_ids == y.response_ids
         assert torch.allclose(torch.tensor(x.logprobs), torch.tensor(y.logprobs), atol=1e-4)

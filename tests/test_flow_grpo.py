@@ -12,8 +12,8 @@ import random
 import pytest
 import torch
 
-from flow_grpo import (agg_loss, broadcast, entropy_from_logits, group_advantages, kl_penalty, policy_loss,
-                       token_logprobs, turn_rows)
+from flow_grpo import (agg_loss, broadcast, entropy_from_logits, flat_groups, group_advantages, kl_penalty,
+                       policy_loss, token_logprobs, turn_rows)
 
 
 # -----------------------------------------------------------------------------
@@ -386,3 +386,10 @@ def test_token_logprobs_rejects_misaligned_targets_and_bad_temperature():
         token_logprobs(torch.zeros(2, 5, 10), torch.zeros(2, 4, dtype=torch.long))
     with pytest.raises(ValueError, match="temperature"):
         token_logprobs(torch.zeros(2, 5, 10), torch.zeros(2, 5, dtype=torch.long), temperature=0.0)
+
+
+def test_flat_groups_are_the_groups_with_all_equal_rewards():
+    rewards, groups = [1, 1, 0, 1, 0, 0, 1], ["a", "a", "b", "b", "c", "c", "d"]
+    assert flat_groups(rewards, groups) == {"a", "c", "d"}  # a group of one is flat too
+    adv = group_advantages(rewards, groups)
+    assert all(adv[i] == 0 for i, g in enumerate(groups) if g in flat_groups(rewards, groups))
