@@ -20,16 +20,22 @@ so `generate` only has to run the last column, and every real token sits at the 
 tokens it would in the plain batch: the logits equal the plain batch's up to float rounding (tested in
 tests/test_engine.py). The pads' cache entries are zeros that the attention mask hides.
 
+The cache it returns is preallocated (`decode_cache`): room for the prompt and every token the call
+may generate, written in place. Hugging Face's default DynamicCache instead grows by torch.cat, which
+copies the whole cache of every layer at every decode step: for 8 rows of 500 tokens on a CPU that
+copy was 21% of all of generate's time in a profile, and a decode step took 141 ms against ~85 ms
+with the preallocated cache (8 rows x 500 prompt tokens, SmolLM2-135M, 2 threads).
+
 Works with caches made of plain full-attention layers (Llama, Qwen2, SmolLM2, ...); for any other
-cache structure (sliding windows, linear attention) `prefill` returns None and the caller falls back
-to the plain batch.
+cache structure (sliding windows, linear attention) `prefill` and `decode_cache` return None and the
+caller falls back to the plain batch and Hugging Face's default cache.
 
 Test: python -m pytest -q tests/test_engine.py
 """
 
 import torch
-from transformers import DynamicCache
-from transformers.cache_utils import DynamicLayer
+from transformers import DynamicCache, StaticCache
+from transformers.cache_utils import DynamicLayer, StaticLayer
 
 
 def left_pad(prompts, pad: int):
@@ -103,6 +109,26 @@ def buckets(lengths, slack: float = 0.8) -> list[list[int]]:
     return groups
 
 
+def plain_layers(model) -> bool:
+    """True when the model's KV cache is one full-attention (B, heads, L, d) tensor pair per layer."""
+    return all(type(layer) is DynamicLayer for layer in DynamicCache(config=model.config).layers)
+
+
+def decode_cache(model, size: int, keys=(), values=()):
+    """A preallocated cache of `size` positions per row, holding `keys`/`values` (per layer, (B, heads,
+    L, d)) in its first L positions; None for a model whose cache is not plain full-attention layers.
+
+    Each decode step then writes one column in place instead of concatenating a new cache."""
+    if not plain_layers(model):
+        return None
+    cache = StaticCache(config=model.config, max_cache_len=size)
+    if not all(type(layer) is StaticLayer for layer in cache.layers):
+        return None
+    for layer, k, v in zip(cache.layers, keys, values):
+        layer.update(k, v)  # positions 0 .. L-1; the layer's length is then L
+    return cache
+
+
 def _cache_of(model, keys, values):
     """A DynamicCache holding the given per-layer (B, heads, L, d) keys and values."""
     cache = DynamicCache(config=model.config)
@@ -141,8 +167,10 @@ def _run(model, ids, mask, start, past=None):
 
 
 @torch.inference_mode()
-def prefill(model, prompts, pad: int):
+def prefill(model, prompts, pad: int, room: int = 0):
     """(input_ids, attention, cache) for `generate`, or None when the plain left-padded batch should run.
+
+    room: positions to reserve in the cache after the prompts (the tokens generate will add).
 
     1. Each distinct prefix runs once, in buckets of similar length; we keep each one's KV unpadded.
     2. Each row's rest (all its tokens after its prefix but the last) runs on top of its prefix's KV,
@@ -153,7 +181,7 @@ def prefill(model, prompts, pad: int):
     """
     if len(prompts) < 2 or min(len(p) for p in prompts) < 2:
         return None
-    if not all(type(layer) is DynamicLayer for layer in DynamicCache(config=model.config).layers):
+    if not plain_layers(model):
         return None  # sliding-window or other cache layers: not laid out as one (B, heads, L, d) tensor
     device = model.device
     plan = plan_prefix_sharing(prompts)
@@ -186,6 +214,7 @@ def prefill(model, prompts, pad: int):
             sel = torch.cat([torch.arange(width - cut[i], width), torch.arange(end - len(rests[i]), end)]).to(device)
             rows[i] = ([t[b, :, sel] for t in out[0]], [t[b, :, sel] for t in out[1]])
 
-    # 3. One left-padded cache, W - 1 wide: the plain batch's layout.
+    # 3. One left-padded cache, W - 1 wide: the plain batch's layout, preallocated with `room` to spare.
     input_ids, attention = left_pad(prompts, pad)
-    return input_ids, attention, _cache_of(model, *_stack(rows, input_ids.shape[1] - 1))
+    width = input_ids.shape[1]
+    return input_ids, attention, decode_cache(model, width + room, *_stack(rows, width - 1))

@@ -1,4 +1,5 @@
-"""The engine's shared-prefix prefill: the same tokens and log-probs as one left-padded batch.
+"""The engine's shared-prefix prefill and preallocated cache: the same tokens and log-probs as one
+left-padded batch with Hugging Face's default cache.
 
 Run: python -m pytest -q tests/test_engine.py
 """
@@ -71,6 +72,28 @@ def test_shared_prefix_logprobs_are_the_policy_logprobs(tokenizer):
         assert torch.allclose(fresh, torch.tensor(g.logprobs), atol=1e-4)
 
 
+def test_preallocated_decode_cache_generates_what_the_default_cache_does(tokenizer, monkeypatch):
+    """engine.py decodes into a preallocated cache (prefill.decode_cache); Hugging Face's default
+    cache grows by concatenation. Same tokens, same log-probs, with rows that run to max_new_tokens."""
+    import engine
+
+    model = make_tiny_model(len(tokenizer))
+    chats = group_chats()
+    runs = []
+    for use_default in (True, False):
+        if use_default:
+            monkeypatch.setattr(engine, "decode_cache", lambda *args, **kwargs: None)
+        else:
+            monkeypatch.undo()
+        plain = HFEngine(model, tokenizer, fast_prefill=False)
+        torch.manual_seed(0)
+        runs.append(plain.generate(chats, max_new_tokens=12, temperature=0.7))
+    for x, y in zip(*runs):
+        assert x.response_ids == y.response_ids
+        assert torch.allclose(torch.tensor(x.logprobs), torch.tensor(y.logprobs), atol=1e-4)
+    assert any(len(g.response_ids) == 12 for g in runs[1]), "some row must fill the cache to the end"
+
+
 def test_buckets_bound_the_padding_of_every_bucket():
     lengths = [100, 95, 81, 79, 40, 33, 0, 1]
     groups = buckets(lengths)
@@ -110,3 +133,26 @@ def test_shared_prefix_generation_on_a_qwen2_model_equals_the_plain_batch(tokeni
     for x, y in zip(a, b):
         assert x.response_ids == y.response_ids
         assert torch.allclose(torch.tensor(x.logprobs), torch.tensor(y.logprobs), atol=1e-4)
+
+
+def test_the_sampler_draws_from_the_tempered_distribution_and_records_its_logprobs():
+    """engine._Sample picks the tokens that generate then takes greedily: the frequencies must be the
+    policy's softmax(logits / T), impossible tokens never drawn, and top_p keeps only the nucleus."""
+    from engine import _Sample
+
+    torch.manual_seed(0)
+    logits = torch.tensor([2.0, 1.0, 0.0, float("-inf"), 0.5, -1.0])
+    rows = logits.repeat(40000, 1)
+    for temperature in (1.0, 0.5):
+        sampler = _Sample(temperature)
+        out = sampler(None, rows)
+        picked = out.argmax(-1)
+        assert torch.equal(out.isfinite().sum(-1), torch.ones(len(rows), dtype=torch.long))  # one token per row
+        expected = torch.softmax(logits / temperature, -1)
+        freq = torch.bincount(picked, minlength=len(logits)).float() / len(rows)
+        assert torch.allclose(freq, expected, atol=0.01), (freq, expected)
+        assert freq[3] == 0  # a -inf logit is never drawn
+        assert torch.allclose(sampler.logprobs()[:, 0], expected.log()[picked])
+    nucleus = _Sample(1.0, top_p=0.8)(None, rows).argmax(-1)  # p = .56 .21 .08 0 .13 .03: {0, 1} hold .77, + 4: .90
+    assert set(nucleus.tolist()) == {0, 1, 4}
+    assert _Sample(0.0)(None, rows[:3]).argmax(-1).tolist() == [0, 0, 0]  # greedy
