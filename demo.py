@@ -2,13 +2,15 @@
 
     1. base model alone   evaluate.py --mode direct   on N test questions of the mixed suite
     2. AgentFlow          evaluate.py --mode agent    the untrained planner, same questions
-    3. Flow-GRPO          train.py --preset cpu-demo  the planner trained in the live loop
-    4. AgentFlow + Flow-GRPO  evaluate.py --checkpoint  the trained planner, same questions
-    5. the table (accuracy with Wilson 95% intervals, per suite) as markdown and JSON, and the learning
+    3. fixed plan         evaluate.py --fixed-tool    no planner: Python_Coder every turn, the question
+                                                      as sub-goal (what learning one tool choice is worth)
+    4. Flow-GRPO          train.py --preset cpu-demo  the planner trained in the live loop
+    5. AgentFlow + Flow-GRPO  evaluate.py --checkpoint  the trained planner, same questions
+    6. the table (accuracy with Wilson 95% intervals, per suite) as markdown and JSON, and the learning
        curve (training reward per step, test accuracy at the start, along the way and at the end) as PNG
 
 Every step is one of the project's own commands, printed before it runs, so each row of the table can
-be reproduced alone. Same seeds and the same test questions for all three rows.
+be reproduced alone. Same seeds and the same test questions for all four rows.
 
 Run:   python demo.py                      (writes runs/demo/: results.md, results.json, learning_curve.png)
        python demo.py --n 20 --steps 4     (a quick look)
@@ -83,12 +85,14 @@ def main():
     run(common + model + ["--mode", "direct", "--generator-tokens", str(preset["generator_tokens"]), "--batch-size", "25",
                   "--label", "base model alone", "--out", str(out / "eval-direct")])
     run(common + model + agent + ["--label", "AgentFlow, untrained planner", "--out", str(out / "eval-untrained")])
+    run(common + model + agent + ["--fixed-tool", "Python_Coder", "--label", "AgentFlow, fixed plan: Python_Coder",
+                                  "--out", str(out / "eval-fixed")])
     run([py, "train.py", "--preset", "cpu-demo", "--steps", str(args.steps), "--seed", str(args.seed), "--out", str(out / "train"),
          "--model", args.model, "--checkpoint-every", str(args.steps), "--eval-n", str(min(args.n, preset["eval_n"]))])
     final = out / "train" / "checkpoints" / f"step-{args.steps:06d}"
     run(common + agent + ["--checkpoint", str(final), "--label", "AgentFlow + Flow-GRPO", "--out", str(out / "eval-trained")])
 
-    dirs = [out / "eval-direct", out / "eval-untrained", out / "eval-trained"]
+    dirs = [out / "eval-direct", out / "eval-untrained", out / "eval-fixed", out / "eval-trained"]
     markdown, entries = compare(dirs)
     (out / "results.md").write_text(markdown + "\n")
     (out / "results.json").write_text(json.dumps(entries, indent=2) + "\n")

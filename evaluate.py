@@ -3,6 +3,7 @@
     python evaluate.py --data mixed --n 100 --mode agent  --out runs/eval/agentflow
     python evaluate.py --data mixed --n 100 --mode direct --out runs/eval/direct
     python evaluate.py --data mixed --n 100 --checkpoint runs/r1/checkpoints/step-000100 --out runs/eval/trained
+    python evaluate.py --data mixed --n 100 --fixed-tool Python_Coder --out runs/eval/fixed
     python evaluate.py --compare runs/eval/direct runs/eval/agentflow runs/eval/trained [--json table.json]
 
 Two systems are measured on the same questions:
@@ -13,6 +14,9 @@ Two systems are measured on the same questions:
   generator and Base_Generator = the frozen base model. With --model one engine (one copy of the
   weights) plays every part; with --checkpoint the planner comes from train.py's checkpoint and the
   frozen modules from the base model it was trained with (state.json's config.model).
+
+A third system is a baseline for what training can learn: --fixed-tool NAME replaces the planner by a
+rule (FixedPlan) that calls NAME every turn with the question as the sub-goal.
 
 Accuracy is a proportion k/n, so each number comes with a 95% Wilson score interval (ASCII math):
 
@@ -51,7 +55,7 @@ from tqdm import tqdm
 import modules
 import remote_engine
 import tasks
-from engine import EMBEDDED, HFEngine, load_model
+from engine import EMBEDDED, Generation, HFEngine, load_model
 from rollout import RolloutConfig, Trajectory, rollout, rollout_stats
 from report import compare, wilson, write_html  # noqa: F401 (public here too: demo.py, train.py, tests)
 from tools import OFFLINE_TOOLS, Toolbox, check_tool_names
@@ -76,6 +80,7 @@ class EvalConfig:
     checkpoint: str = _opt("", "train.py checkpoint folder (step-N/ with planner/, or a save_pretrained folder)")
     frozen_model: str = _opt("", "with --checkpoint: the frozen modules' model (default: state.json's, else embedded)")
     frozen_engine: str = _opt("", "URL of an OpenAI-compatible server (http://host:port/v1[#model]) for the executor, verifier, generator, Base_Generator and judge")
+    fixed_tool: str = _opt("", "agent mode: replace the planner by a rule, this tool every turn with the question as the sub-goal")
     label: str = _opt("", "system name in tables (default: from mode and model/checkpoint)")
     device: str = _opt("cpu", "torch device of the models (cpu, cuda)")
     # rollout (paper evaluation: 10 turns)
@@ -107,6 +112,24 @@ def _proportion(scores) -> dict:
 
 # ---------------------------------------------------------------------------------------------
 # Running the questions
+
+
+class FixedPlan:
+    """A planner that is a rule, not a model: every turn the same tool, with the question as sub-goal.
+
+    The baseline that tells what training added beyond "pick one tool for every question": its action
+    text is just the tool name, so modules.parse_action gives the executor the question itself as the
+    sub-goal and no context, the same action a trained planner that learned only the tool would take.
+    """
+
+    tokens_generated = 0  # no model: nothing generated, nothing trained
+
+    def __init__(self, tool: str):
+        self.tool = tool
+
+    def generate(self, chats, **kwargs) -> list[Generation]:
+        return [Generation(" " + self.tool, [], [], []) for _ in chats]
+
 
 
 def evaluate_examples(examples, planner, frozen, cfg: RolloutConfig, mode, toolbox, batch_size,
@@ -226,6 +249,8 @@ def default_label(cfg: EvalConfig, model_name: str) -> str:
         name = "/".join([x for x in p.parts[-3:] if x != "checkpoints"][-2:])
     else:
         name = "SmolLM2-135M-Instruct" if model_name in (EMBEDDED, "") else Path(model_name.rstrip("/")).name
+    if cfg.fixed_tool:
+        return f"AgentFlow ({name}), fixed plan: {cfg.fixed_tool}"
     return f"AgentFlow ({name})" if cfg.mode == "agent" else f"{name} alone"
 
 
@@ -260,9 +285,12 @@ def parse_args(argv=None) -> tuple[EvalConfig, argparse.Namespace]:
     if not cfg.out:
         parser.error("--out DIR is required: the folder for summary.json, results.jsonl and trajectories.html")
     try:
-        cfg.rollout_config()  # checks the tool names
+        rcfg = cfg.rollout_config()  # checks the tool names
     except ValueError as e:
         parser.error(str(e))
+    if cfg.fixed_tool and (cfg.mode != "agent" or cfg.checkpoint or cfg.fixed_tool not in rcfg.tools):
+        parser.error(f"--fixed-tool takes one of --tools ({', '.join(rcfg.tools)}), in --mode agent, without "
+                     f"--checkpoint (it replaces the planner); got {cfg.fixed_tool!r}")
     return cfg, args
 
 
@@ -312,6 +340,8 @@ def main(argv=None):
             raise SystemExit(f"evaluate.py: error: --frozen-engine: {e}") from None
     elif cfg.checkpoint and (cfg.mode == "agent" or cfg.judge):
         frozen = HFEngine(*load_model(cfg.frozen_model, device=cfg.device))
+    if cfg.fixed_tool:
+        planner = FixedPlan(cfg.fixed_tool)
     print(f"models loaded in {time.perf_counter() - t0:.1f} s", file=sys.stderr)
 
     # 3. Run, writing each record as soon as its batch is scored (a crash keeps what was done).

@@ -16,7 +16,8 @@ def test_demo_writes_the_table_and_the_learning_curve(tiny_model_dir, tmp_path):
     assert res.returncode == 0, res.stderr[-3000:]
     entries = json.loads((out / "results.json").read_text())
     systems = {e["system"] for e in entries}
-    assert systems == {"base model alone", "AgentFlow, untrained planner", "AgentFlow + Flow-GRPO"}
+    assert systems == {"base model alone", "AgentFlow, untrained planner", "AgentFlow, fixed plan: Python_Coder",
+                       "AgentFlow + Flow-GRPO"}
     for e in entries:
         assert {"system", "suite", "accuracy", "ci95_low", "ci95_high", "n"} <= e.keys()
         assert 0 <= e["ci95_low"] <= e["accuracy"] <= e["ci95_high"] <= 1

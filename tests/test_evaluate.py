@@ -194,6 +194,19 @@ def test_cli_writes_summary_results_and_viewer(runs, mode):
         assert html.escape(r["query"]) in page
 
 
+def test_fixed_plan_calls_the_tool_every_turn_with_the_question_as_sub_goal(tiny_model_dir, tmp_path):
+    """--fixed-tool: the baseline of a planner that learned only which tool to call."""
+    proc = run_cli("--data", "arithmetic", "--n", 2, "--fixed-tool", "Python_Coder", "--model", tiny_model_dir,
+                   "--out", tmp_path / "fixed", *FAST)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    summary = json.loads((tmp_path / "fixed" / "summary.json").read_text())
+    assert summary["label"].endswith("fixed plan: Python_Coder")
+    records = [json.loads(line) for line in (tmp_path / "fixed" / "results.jsonl").read_text().splitlines()]
+    turns = [(r["query"], t) for r in records for t in r["trajectory"]["turns"]]
+    assert len(records) == 2 and turns
+    assert all(t["tool"] == "Python_Coder" and t["sub_goal"] == q and t["valid_action"] for q, t in turns)
+
+
 def test_compare_prints_a_markdown_table_and_writes_json(runs, tmp_path):
     dirs = [runs[m][0] for m in ("direct", "agent")]
     labels = [json.loads((d / "summary.json").read_text())["label"] for d in dirs]
@@ -259,6 +272,8 @@ def test_bad_inputs_exit_with_a_message_that_says_what_to_change(tiny_model_dir,
     assert "not both" in error_of(["--model", tiny_model_dir, "--checkpoint", tmp_path, *out], capsys)
     assert "--out DIR is required" in error_of(["--data", "arithmetic", "--n", 1], capsys)
     assert "unknown tool" in error_of(["--tools", "Python_Coder,Hammer", *out], capsys)
+    assert "--fixed-tool takes one of --tools" in error_of([*out, "--fixed-tool", "Hammer"], capsys)
+    assert "--fixed-tool takes one of --tools" in error_of([*out, "--fixed-tool", "Python_Coder", "--mode", "direct"], capsys)
     assert "ask for n <=" in error_of([*out, "--n", 10**6], capsys)
     assert "--json needs --compare" in error_of(["--json", tmp_path / "t.json"], capsys)
     assert "summary.json not found" in error_of(["--compare", tmp_path], capsys)
