@@ -18,6 +18,7 @@ Run:   python demo.py                      (writes runs/demo/: results.md, resul
 
 import argparse
 import json
+import shutil
 import subprocess
 import sys
 import time
@@ -87,6 +88,9 @@ def main():
     run(common + model + agent + ["--label", "AgentFlow, untrained planner", "--out", str(out / "eval-untrained")])
     run(common + model + agent + ["--fixed-tool", "Python_Coder", "--label", "AgentFlow, fixed plan: Python_Coder",
                                   "--out", str(out / "eval-fixed")])
+    if (out / "train").exists():  # train.py refuses to start a new run over an old one; the demo owns this folder
+        print(f"removing the previous demo's training run, {out / 'train'}", flush=True)
+        shutil.rmtree(out / "train")
     run([py, "train.py", "--preset", "cpu-demo", "--steps", str(args.steps), "--seed", str(args.seed), "--out", str(out / "train"),
          "--model", args.model, "--checkpoint-every", str(args.steps), "--eval-n", str(min(args.n, preset["eval_n"]))])
     final = out / "train" / "checkpoints" / f"step-{args.steps:06d}"

@@ -235,6 +235,10 @@ def train(cfg: Config, reward_fn=None, given=frozenset()) -> dict:
     validate(cfg, accelerator.num_processes)
     rank, world = accelerator.process_index, accelerator.num_processes
     out = Path(cfg.out)
+    if not cfg.resume and ((out / "metrics.jsonl").exists() or any((out / "checkpoints").glob("step-*"))):
+        # A fresh run would append its metrics to the old run's and mix their checkpoints.
+        raise SystemExit(f"train.py: --out {out} already holds a run (metrics.jsonl or checkpoints/): pass "
+                         f"--resume {out} to continue it, or another --out for a new run; nothing was changed")
     torch.manual_seed(cfg.seed)
     report = {}
     try:

@@ -128,6 +128,12 @@ def test_stop_then_resume_gives_the_same_parameters_as_an_uninterrupted_run(tiny
     # The checkpoint's planner is a plain save_pretrained folder: usable as --model.
     assert (part / "checkpoints" / "step-000003" / "planner" / "config.json").exists()
     assert (part / "samples" / "step-000003.txt").read_text().startswith("QUESTION:")
+    # A new run into the finished run's folder is refused: it would append to its metrics.
+    before = (part / "metrics.jsonl").read_text()
+    res = subprocess.run([sys.executable, "train.py", *TINY, "--model", str(tiny_model_dir), "--out", str(part)],
+                         cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert res.returncode != 0 and "already holds a run" in res.stderr and f"--resume {part}" in res.stderr
+    assert (part / "metrics.jsonl").read_text() == before
 
 
 def test_two_processes_keep_identical_parameters(tiny_model_dir, tmp_path):
