@@ -40,8 +40,8 @@ def run(cmd):
     print(f"  ({time.perf_counter() - t0:.0f} s)", flush=True)
 
 
-def plot(metrics_path: Path, untrained: float, trained: float, final_step: int, path: Path):
-    """Reward per training step (and its running mean), test accuracy as points."""
+def plot(metrics_path: Path, untrained: float, trained: float, final_step: int, path: Path, fixed: float | None = None):
+    """Reward per training step (and its running mean), test accuracy as points, the fixed plan as a line."""
     lines = [json.loads(line) for line in metrics_path.read_text().splitlines()]
     steps = [m["step"] for m in lines if "reward_mean" in m]
     reward = [m["reward_mean"] for m in lines if "reward_mean" in m]
@@ -55,6 +55,8 @@ def plot(metrics_path: Path, untrained: float, trained: float, final_step: int, 
         ax.plot(*zip(*tests), "o--", color="tab:orange", label="test accuracy during training (eval_n questions)")
     ax.plot([0, final_step], [untrained, trained], "s", color="tab:red", markersize=8,
             label="test accuracy, all demo questions (untrained, trained)")
+    if fixed is not None:
+        ax.axhline(fixed, color="tab:gray", linestyle=":", label="test accuracy, all demo questions, fixed plan: Python_Coder")
     ax.set_xlabel("training step")
     ax.set_ylabel("reward / accuracy")
     ax.set_ylim(-0.02, 1.02)
@@ -101,7 +103,8 @@ def main():
     (out / "results.md").write_text(markdown + "\n")
     (out / "results.json").write_text(json.dumps(entries, indent=2) + "\n")
     acc = {d.name: json.loads((d / "summary.json").read_text())["accuracy"] for d in dirs}
-    plot(out / "train" / "metrics.jsonl", acc["eval-untrained"], acc["eval-trained"], args.steps, out / "learning_curve.png")
+    plot(out / "train" / "metrics.jsonl", acc["eval-untrained"], acc["eval-trained"], args.steps, out / "learning_curve.png",
+         fixed=acc["eval-fixed"])
     print(f"\nwrote {out / 'results.md'}, {out / 'results.json'}, {out / 'learning_curve.png'} "
           f"in {(time.perf_counter() - t0) / 60:.1f} min\n")
     print(markdown)
