@@ -131,7 +131,6 @@ class FixedPlan:
         return [Generation(" " + self.tool, [], [], []) for _ in chats]
 
 
-
 def evaluate_examples(examples, planner, frozen, cfg: RolloutConfig, mode, toolbox, batch_size,
                       judge_engine=None, on_result=None, progress=True) -> list[dict]:
     """Answer and score every example, batch_size at a time; one record (a JSON-ready dict) each.

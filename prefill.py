@@ -167,7 +167,7 @@ def _run(model, ids, mask, start, past=None):
 
 
 @torch.inference_mode()
-def prefill(model, prompts, pad: int, room: int = 0):
+def prefill(model, prompts, pad: int, room: int):
     """(input_ids, attention, cache) for `generate`, or None when the plain left-padded batch should run.
 
     room: positions to reserve in the cache after the prompts (the tokens generate will add).
