@@ -43,11 +43,10 @@ UPDATE_STATS = ("kl", "clip_frac_low", "clip_frac_high", "ratio_mean", "entropy"
 def step_metrics(step, trajs, rewards, group_of, rows, upd, rollout_s, update_s, accelerator, tools) -> dict:
     """Per-step metrics; sums are reduced over processes so every figure covers the whole batch."""
     rs = rollout_stats(trajs)  # tool calls and errors per tool
-    n_resp = [r.n_resp for r in rows]
     sums = {
         "n": len(trajs), "reward": float(rewards.sum()), "correct": float((rewards >= 1).sum()),
         "groups": len(set(group_of)), "zero_std": len(flat_groups(rewards, group_of)),
-        "turns": sum(len(t.turns) for t in trajs), "rows": len(rows), "resp_tokens": sum(n_resp),
+        "turns": sum(len(t.turns) for t in trajs), "rows": len(rows),
         "truncated": sum(t.truncated for tr in trajs for t in tr.turns),
         "invalid": sum(not t.valid_action for tr in trajs for t in tr.turns),
         "empty_cmd": sum(t.valid_action and not t.command for tr in trajs for t in tr.turns),
@@ -73,7 +72,6 @@ def step_metrics(step, trajs, rewards, group_of, rows, upd, rollout_s, update_s,
         "rollout_s": rollout_s, "update_s": update_s,
         "rollout_tok_s": s["gen_tokens"] / max(rollout_s, 1e-9), "update_tok_s": s["update_tokens"] / max(update_s, 1e-9),
     } | ({} if s["rows"] else {k: None for k in UPDATE_STATS})  # nothing trained (filter_groups): no such figure
-
 
 
 def _f(value, spec: str) -> str:

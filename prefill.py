@@ -35,7 +35,7 @@ Test: python -m pytest -q tests/test_engine.py
 
 import torch
 from transformers import DynamicCache, StaticCache
-from transformers.cache_utils import DynamicLayer, StaticLayer
+from transformers.cache_utils import DynamicLayer
 
 
 def left_pad(prompts, pad: int):
@@ -121,9 +121,7 @@ def decode_cache(model, size: int, keys=(), values=()):
     Each decode step then writes one column in place instead of concatenating a new cache."""
     if not plain_layers(model):
         return None
-    cache = StaticCache(config=model.config, max_cache_len=size)
-    if not all(type(layer) is StaticLayer for layer in cache.layers):
-        return None
+    cache = StaticCache(config=model.config, max_cache_len=size)  # full-attention layers: StaticLayers
     for layer, k, v in zip(cache.layers, keys, values):
         layer.update(k, v)  # positions 0 .. L-1; the layer's length is then L
     return cache
