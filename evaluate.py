@@ -53,11 +53,11 @@ import torch
 from tqdm import tqdm
 
 import modules
-import remote_engine
-import tasks
+from scaleout import remote_engine
+from environment import tasks
 from engine import EMBEDDED, Generation, HFEngine, load_model
 from rollout import RolloutConfig, Trajectory, rollout, rollout_stats
-from report import compare, wilson, write_html  # noqa: F401 (public here too: demo.py, train.py, tests)
+from bookkeeping.report import compare, wilson, write_html  # noqa: F401 (public here too: demo.py, train.py, tests)
 from tools import OFFLINE_TOOLS, Toolbox, check_tool_names
 
 

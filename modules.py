@@ -42,7 +42,7 @@ import re
 from dataclasses import dataclass
 
 from memory import Memory
-from tasks import extract_answer
+from environment.tasks import extract_answer
 from tools import TOOLS, render_for_executor, render_for_planner
 
 # ---------------------------------------------------------------------------------------------

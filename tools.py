@@ -34,8 +34,8 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
 from functools import lru_cache
 
-import sandbox
-import search
+from environment import sandbox
+from environment import search
 
 
 @dataclass(frozen=True)

@@ -50,11 +50,11 @@ import torch
 from accelerate import Accelerator, DistributedType
 from tqdm import tqdm
 
-import checkpoint
-from metrics import console_line, step_metrics, test_accuracy, write_param_digest
-import remote_engine
-import sizing
-import tasks
+from bookkeeping import checkpoint
+from bookkeeping.metrics import console_line, step_metrics, test_accuracy, write_param_digest
+from scaleout import remote_engine
+from scaleout import sizing
+from environment import tasks
 from engine import EMBEDDED, HFEngine, load_model
 from flow_grpo import AGGREGATIONS, KL_KINDS, flat_groups, group_advantages
 from rollout import RolloutConfig, format_trajectory, rollout

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 import torch
 
 from flow_grpo import agg_loss, entropy_from_logits, kl_penalty, policy_loss, token_logprobs
-from prefill import left_pad
+from speedups.prefill import left_pad
 
 
 # ---------------------------------------------------------------------------------------------

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-import corpus  # noqa: E402
+from environment import corpus  # noqa: E402
 
 KINDS = ("people", "cities", "companies", "inventions")
 
@@ -109,10 +109,10 @@ def test_articles_name_their_linked_entities(world, docs):
 def test_shipped_corpus_equals_a_fresh_write_for_seed_0(tmp_path):
     fresh = tmp_path / "corpus.jsonl"
     n = corpus.write_corpus(fresh, seed=0)
-    assert corpus.CORPUS_PATH.exists(), "data/corpus.jsonl is missing: run python corpus.py"
+    assert corpus.CORPUS_PATH.exists(), "data/corpus.jsonl is missing: run python -m environment.corpus"
     assert n >= 500
     assert corpus.CORPUS_PATH.read_bytes() == fresh.read_bytes(), \
-        "data/corpus.jsonl is stale: regenerate it with python corpus.py"
+        "data/corpus.jsonl is stale: regenerate it with python -m environment.corpus"
     lines = fresh.read_text(encoding="utf-8").splitlines()
     assert len(lines) == n
     assert set(json.loads(lines[0])) == {"id", "title", "text"}

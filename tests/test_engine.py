@@ -8,7 +8,7 @@ import torch
 
 import modules
 from engine import HFEngine, encode_chat
-from prefill import buckets, plan_prefix_sharing, prefill
+from speedups.prefill import buckets, plan_prefix_sharing, prefill
 from memory import Memory
 from tools import OFFLINE_TOOLS
 

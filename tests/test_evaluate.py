@@ -15,7 +15,7 @@ import sys
 import pytest
 
 import evaluate
-import tasks
+from environment import tasks
 import modules
 from engine import Generation
 from rollout import RolloutConfig

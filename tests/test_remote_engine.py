@@ -22,7 +22,7 @@ import torch
 
 import modules
 from engine import HFEngine
-from remote_engine import RemoteConfig, RemoteEngine, from_url
+from scaleout.remote_engine import RemoteConfig, RemoteEngine, from_url
 from rollout import RolloutConfig, rollout
 from tools import Toolbox
 

@@ -18,7 +18,7 @@ import pytest
 import torch
 from accelerate import Accelerator
 
-import checkpoint
+from bookkeeping import checkpoint
 import tools
 from conftest import ROOT, make_tiny_model
 from rollout import RolloutConfig, rollout, rollout_stats

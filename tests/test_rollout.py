@@ -108,7 +108,7 @@ def test_rollout_cli_prints_the_trajectory(tiny_model_dir):
 
 
 def test_an_executor_that_never_writes_a_command_ends_the_trajectory_with_reward_0_and_is_counted():
-    import tasks
+    from environment import tasks
 
     class NoCommand(ScriptedEngine):
         def generate(self, chats, prefix="", **kw):

@@ -20,8 +20,8 @@ import uuid
 import pytest
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-import sandbox  # noqa: E402
-from sandbox import ExecResult, live_sandbox_processes, run_python  # noqa: E402
+from environment import sandbox  # noqa: E402
+from environment.sandbox import ExecResult, live_sandbox_processes, run_python  # noqa: E402
 
 TIMEOUT = 2.0
 MAX_CHARS = 3500

@@ -11,7 +11,7 @@ import sys
 import pytest
 from accelerate.commands.config.config_args import ClusterConfig
 
-import sizing
+from scaleout import sizing
 from conftest import ROOT, make_tiny_model
 
 

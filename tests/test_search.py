@@ -17,9 +17,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+ROOT = Path(__file__).resolve().parents[1]
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-import corpus  # noqa: E402
-import search  # noqa: E402
+from environment import corpus  # noqa: E402
+from environment import search  # noqa: E402
 
 TOY_DOCS = [
     "The Zephyl loom weaves cloth quickly in the mills of Tellamar.",
@@ -145,13 +147,13 @@ def test_load_corpus_names_path_and_line_of_a_bad_line(tmp_path):
         path.write_text(good + "\n" + bad + "\n", encoding="utf-8")
         with pytest.raises(ValueError, match=str(path).replace("\\", "\\\\") + message):
             search.load_corpus(path)
-    with pytest.raises(FileNotFoundError, match="python corpus.py"):
+    with pytest.raises(FileNotFoundError, match="python -m environment.corpus"):
         search.load_corpus(tmp_path / "missing.jsonl")
 
 
 def test_cli_prints_local_search_results():
-    res = subprocess.run([sys.executable, str(Path(search.__file__)), "Zhervym Motors", "--k", "2"],
-                         capture_output=True, text=True, timeout=60)
+    res = subprocess.run([sys.executable, "-m", "environment.search", "Zhervym Motors", "--k", "2"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert res.returncode == 0, res.stderr
     assert res.stdout.startswith("[1] Zhervym Motors: ") and "\n[2] " in res.stdout
 

@@ -15,10 +15,10 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-import game24  # noqa: E402
-import scoring  # noqa: E402
-import tasks  # noqa: E402
-from scoring import extract_answer, judge, parse_number, score  # noqa: E402
+from environment import game24  # noqa: E402
+from environment import scoring  # noqa: E402
+from environment import tasks  # noqa: E402
+from environment.scoring import extract_answer, judge, parse_number, score  # noqa: E402
 
 MEDQA = {"task": "choice", "answer": "Colorectal cancer",
          "options": ["A. Hemolytic uremic syndrome", "B. Oral ulcers", "C. Colorectal cancer",
@@ -385,6 +385,6 @@ def test_duplicate_ids_are_reported(tmp_path):
 
 
 def test_main_prints_examples_for_a_person_to_look_at():
-    out = subprocess.run([sys.executable, "tasks.py", "--suite", "mixed", "--n", "5"], cwd=ROOT,
+    out = subprocess.run([sys.executable, "-m", "environment.tasks", "--suite", "mixed", "--n", "5"], cwd=ROOT,
                          capture_output=True, text=True, check=True).stdout
     assert out.count("query:") == 5 and out.count("(scores 1)") == 5

@@ -21,7 +21,7 @@ Simplifications vs. the paper / the official code:
 - Questions are template-generated, not Natural Questions; answers are exact strings, so a simple
   normalised string match can judge them instead of the paper's GPT-4o judge.
 
-Run:   python corpus.py [--seed 0] [--out data/corpus.jsonl]
+Run:   python -m environment.corpus [--seed 0] [--out data/corpus.jsonl]
 Test:  python -m pytest -q tests/test_corpus.py
 """
 import argparse
@@ -30,7 +30,7 @@ import random
 import re
 from pathlib import Path
 
-CORPUS_PATH = Path(__file__).parent / "data" / "corpus.jsonl"
+CORPUS_PATH = Path(__file__).resolve().parents[1] / "data" / "corpus.jsonl"
 
 # World size: 160 + 80 + 140 + 140 = 520 articles (the brief asks for at least 500).
 N_PEOPLE, N_CITIES, N_COMPANIES, N_INVENTIONS, N_COUNTRIES = 160, 80, 140, 140, 12

@@ -49,7 +49,7 @@ Simplifications vs. the official code / the full protocol:
 - The default session ignores proxy and .netrc settings from the environment (a .netrc entry would
   replace the Bearer header); pass your own requests.Session for proxies or custom certificates.
 
-Try it against a running server:  python remote_engine.py http://127.0.0.1:8000/v1 "What is 2 + 2?"
+Try it against a running server:  python -m scaleout.remote_engine http://127.0.0.1:8000/v1 "What is 2 + 2?"
 Test:  python -m pytest -q tests/test_remote_engine.py
 """
 
@@ -277,7 +277,7 @@ def from_url(url: str, **overrides) -> RemoteEngine:
 
 if __name__ == "__main__":
     if len(sys.argv) < 2:
-        sys.exit("usage: python remote_engine.py URL[#MODEL] [QUESTION]")
+        sys.exit("usage: python -m scaleout.remote_engine URL[#MODEL] [QUESTION]")
     engine = from_url(sys.argv[1])
     question = " ".join(sys.argv[2:]) or "What is the capital of France?"
     [gen] = engine.generate([[{"role": "user", "content": question}]], max_new_tokens=64, temperature=0)

@@ -21,7 +21,7 @@ Simplifications vs. the paper / the official code:
 - BM25 sums over the distinct query terms (a repeated query word counts once) and uses no stemming,
   so "founder" and "founded" are different terms.
 
-Try it:  python search.py "Who founded Zhervym Motors?" [--k 3] [--wikipedia]
+Try it:  python -m environment.search "Who founded Zhervym Motors?" [--k 3] [--wikipedia]
 Test:    python -m pytest -q tests/test_search.py
 """
 import argparse
@@ -33,7 +33,7 @@ from pathlib import Path
 import numpy as np
 import requests
 
-import corpus
+from environment import corpus
 
 # A tiny stop-word list: words that occur in nearly every question and article and carry no topic.
 # BM25's idf would shrink them anyway; dropping them also keeps the postings short.
@@ -118,7 +118,7 @@ def load_corpus(path=corpus.CORPUS_PATH) -> list[dict]:
     Bad input raises ValueError("path:line: what is wrong"), so the line to fix is named."""
     path = Path(path)
     if not path.exists():
-        raise FileNotFoundError(f"{path}: corpus not found; write it with `python corpus.py --out {path}`")
+        raise FileNotFoundError(f"{path}: corpus not found; write it with `python -m environment.corpus --out {path}`")
     docs, seen = [], set()
     with open(path, encoding="utf-8") as f:
         for line_no, line in enumerate(f, start=1):

@@ -40,7 +40,7 @@ Simplifications vs. the paper / the official code:
   (1,1,1,8 ... 1,7,9,9); our game24 suite puts those into its test split always, so that training on
   game24 never sees an official evaluation puzzle.
 
-Run:   python tasks.py --suite mixed --n 5        (prints examples to look at)
+Run:   python -m environment.tasks --suite mixed --n 5        (prints examples to look at)
 Test:  python -m pytest -q tests/test_tasks.py
 """
 
@@ -55,8 +55,8 @@ import random
 import re
 from pathlib import Path
 
-from game24 import solve24
-from scoring import TASKS, check_24, extract_answer, game24_numbers, infer_task, judge, score  # noqa: F401 (re-exported)
+from environment.game24 import solve24
+from environment.scoring import TASKS, check_24, extract_answer, game24_numbers, infer_task, judge, score  # noqa: F401 (re-exported)
 
 BENCHMARKS = ("bamboogle", "2wiki", "hotpotqa", "musique", "aime24", "amc23", "gameof24", "medqa")
 SUITES = ("arithmetic", "game24", "lookup", "mixed")
@@ -329,7 +329,7 @@ def _game24_pool():
 
 def _lookup_pool():
     """The questions corpus.py derives from the shipped world (seed 0), which Local_Search reads."""
-    import corpus  # imported here: loading files and the other suites must not need the corpus
+    from environment import corpus  # imported here: loading files and the other suites must not need the corpus
 
     for item in corpus.lookup_questions(corpus.build_world(seed=0)):
         yield dict(item, query=item["question"], task="exact")
