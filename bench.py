@@ -17,9 +17,10 @@ training data is rolled out G times (a group), exactly as train.py does at one s
     rollout_batched_speedup  seconds of the same G trajectories rolled out one by one          >= 3
                              (G calls of rollout with one query each) / seconds of the batched
                              rollout. torch.manual_seed is reset identically before each variant.
-    rollout_fast_prefill_    seconds of the batched rollout with the plain prefill (whole
-      speedup                prompts, left-padded) / with prefill.py's (shared prefixes once,
-                             rows in length buckets), from the same seed
+    rollout_fast_prefill_    seconds of the batched rollout on the plain engine (whole prompts
+      speedup                left-padded, Hugging Face's cache and sampler) / with speedups/
+                             (shared prefixes once, rows in length buckets, a preallocated
+                             cache, our sampler), from the same seed
     update_vs_plain          tok/s of the update (reference log-probs by update.fill_logprobs  >= 0.7
                              from the frozen copy + update.update over the planner-turn rows)
                              / tok/s of a plain causal-LM forward (full logits, labels=...)
@@ -67,13 +68,11 @@ import torch
 from accelerate import Accelerator
 
 from environment import tasks
-from engine import EMBEDDED, HFEngine, load_model
-from flow_grpo import group_advantages
-from speedups.prefill import left_pad
-from rollout import RolloutConfig, rollout
-from tools import Toolbox, check_tool_names, local_search
-from train import PRESETS, Config, questions_for_step, step_seed
-from update import collate, fill_logprobs, make_rows, micro_batches, update
+from bookkeeping.models import EMBEDDED, load_model
+from engine import HFEngine, left_pad
+from rollout import rollout
+from tools import Toolbox, local_search
+from train import PRESETS, Config, collate, fill_logprobs, micro_batches, questions_for_step, step_seed, training_rows, update
 
 # (key, comparison, target) of every figure that has one; the others are reported only.
 TARGETS = {"rollout_vs_generate": (">=", 0.8), "rollout_batched_speedup": (">=", 3.0), "update_vs_plain": (">=", 0.7),
@@ -135,7 +134,7 @@ def replay(recorders) -> tuple[float, int]:
 def plain_step(model, rows, micro: int, pad_id: int, device) -> float:
     """Forward (full logits, HF's own shifted cross-entropy) and backward per micro-batch; seconds."""
     t0 = time.perf_counter()
-    for chunk in micro_batches(rows, micro):
+    for chunk, _ in micro_batches(rows, micro):
         batch = collate(chunk, pad_id, device)  # the update's padding, to the byte
         labels = batch["input_ids"].masked_fill(batch["attention_mask"] == 0, -100)  # (B, L), no loss on pads
         out = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], labels=labels)
@@ -147,9 +146,10 @@ def plain_step(model, rows, micro: int, pad_id: int, device) -> float:
 
 def pad_fraction(rows, micro: int) -> float:
     """Padded positions / all positions of the micro-batches the update runs (collate pads to the longest)."""
-    chunks = micro_batches(rows, micro)
-    positions = sum(len(c) * max(len(r.ids) for r in c) for c in chunks)
-    return 1.0 - sum(len(r.ids) for r in rows) / positions if positions else 0.0
+    chunks = [chunk for chunk, _ in micro_batches(rows, micro)]
+    width = lambda t: len(t.prompt_ids) + len(t.response_ids)  # noqa: E731
+    positions = sum(len(c) * max(width(t) for t in c) for c in chunks)
+    return 1.0 - sum(width(t) for t in rows) / positions if positions else 0.0
 
 
 # ---------------------------------------------------------------------------------------------
@@ -226,9 +226,7 @@ def bench(args) -> dict:
         example = questions_for_step(tasks.load(cfg.data, split="train", seed=cfg.seed), cfg, 1, 0, 1)[0]
     except (ValueError, FileNotFoundError, IndexError) as e:
         raise SystemExit(f"bench.py: --data {cfg.data}: {e or 'no question'}") from None
-    tools = check_tool_names([t.strip() for t in cfg.tools.split(",") if t.strip()])
-    rcfg = RolloutConfig(cfg.max_turns, cfg.temperature, cfg.analysis_tokens, cfg.planner_tokens, cfg.executor_tokens,
-                         cfg.verifier_tokens, cfg.generator_tokens, cfg.memory_chars, tools)
+    tools, rcfg = cfg.tool_names(), cfg
 
     # 1. Models as train.py holds them: a trainable policy under Accelerate and one frozen copy.
     accelerator = Accelerator(cpu=True)
@@ -237,7 +235,8 @@ def bench(args) -> dict:
     frozen.requires_grad_(False)
     optimizer = torch.optim.AdamW(policy.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     policy, optimizer = accelerator.prepare(policy, optimizer)
-    planner, frozen_engine = HFEngine(accelerator.unwrap_model(policy), tokenizer), HFEngine(frozen, tokenizer)
+    planner = HFEngine(accelerator.unwrap_model(policy), tokenizer, speedups=True)  # the CPU presets' setting
+    frozen_engine = HFEngine(frozen, tokenizer, speedups=True)
     pad, device = tokenizer.pad_token_id, accelerator.device
 
     # 2. Warm-up, so no variant pays for first-call costs the others do not: generate on both
@@ -273,27 +272,27 @@ def bench(args) -> dict:
     one_by_one_s = time.perf_counter() - t0
     one_by_one_tokens = planner.tokens_generated + frozen_engine.tokens_generated - tokens_before
 
-    # 4b. The batched rollout again with the plain prefill (every row's whole prompt, left-padded),
-    #     from the same seed: what prefill.py's shared prefixes and length buckets save.
-    planner.fast_prefill = frozen_engine.fast_prefill = False
+    # 4b. The batched rollout again on the plain engine (every row's whole prompt left-padded into
+    #     Hugging Face's growing cache, its own sampler), from the same seed: what speedups/ saves.
+    planner.speedups = frozen_engine.speedups = False
     torch.manual_seed(seed)
     t0 = time.perf_counter()
     rollout(queries, planner, frozen_engine, toolbox, rcfg, examples=examples)
     plain_prefill_s = time.perf_counter() - t0
-    planner.fast_prefill = frozen_engine.fast_prefill = True
+    planner.speedups = frozen_engine.speedups = True
 
     # 5. One training step on the batched group: reward -> advantage -> rows -> ref log-probs -> update.
     #    The old log-probs are the sampled ones (old_logprobs=sample), as in train.py's cpu preset.
     rewards = torch.tensor([tasks.score(tr.final_output, tr.example) for tr in trajs])
     group_of = [0] * cfg.group_size
-    rows = make_rows(trajs, group_advantages(rewards, group_of, scale=cfg.scale_advantages), group_of, 1)
+    rows = [t for t, _ in training_rows(trajs, rewards, group_of, cfg)]
     if not rows:
         raise SystemExit("bench.py: the rollout produced no planner token to train; raise --planner-tokens")
-    update_tokens = sum(len(r.ids) for r in rows)  # real tokens: prompt + response of every row
+    update_tokens = sum(len(t.prompt_ids) + len(t.response_ids) for t in rows)  # real tokens of every row
     policy.train()
     t0 = time.perf_counter()
-    fill_logprobs(frozen, rows, "ref_logp", pad, device, cfg.temperature, cfg.micro_batch_rows)
-    upd = update(cfg, accelerator, policy, optimizer, rows, 1, pad)
+    fill_logprobs(frozen, rows, "ref_logp", cfg, accelerator, True, pad)
+    upd = update(cfg, accelerator, policy, optimizer, [rows], pad, share_prompts=True)
     update_s = time.perf_counter() - t0
     # The step is over; what runs later belongs to a baseline. (The one-by-one rollouts ran before,
     # but one trajectory at a time needs less memory than the batched group.)

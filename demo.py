@@ -66,26 +66,23 @@ def plot(metrics_path: Path, untrained: float, trained: float, final_step: int, 
     fig.savefig(path, dpi=110)
 
 
-def main():
+def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--out", default="runs/demo")
     p.add_argument("--n", type=int, default=100, help="test questions of the mixed suite, the same for every row")
     p.add_argument("--steps", type=int, default=PRESETS["cpu-demo"]["steps"], help="training steps")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--model", default=PRESETS["cpu-demo"]["model"], help="the model of every row (default: the embedded one)")
-    args = p.parse_args()
+    args = p.parse_args(argv)
     out = Path(args.out)
     preset = PRESETS["cpu-demo"]
     py = sys.executable
-    # The agent is evaluated with the rollout sizes it is trained with, planner greedy.
-    agent = ["--mode", "agent", "--max-turns", str(preset["max_turns"]), "--analysis-tokens", str(preset["analysis_tokens"]),
-             "--planner-tokens", str(preset["planner_tokens"]), "--executor-tokens", str(preset["executor_tokens"]),
-             "--verifier-tokens", str(preset["verifier_tokens"]), "--generator-tokens", str(preset["generator_tokens"]),
-             "--batch-size", "25"]
+    # The agent is evaluated with the rollout sizes it is trained with (evaluate.py --preset), planner greedy.
+    agent = ["--mode", "agent", "--preset", "cpu-demo", "--batch-size", "25"]
     common = [py, "evaluate.py", "--data", "mixed", "--n", str(args.n), "--seed", str(args.seed)]
     model = ["--model", args.model]
     t0 = time.perf_counter()
-    run(common + model + ["--mode", "direct", "--generator-tokens", str(preset["generator_tokens"]), "--batch-size", "25",
+    run(common + model + ["--mode", "direct", "--preset", "cpu-demo", "--batch-size", "25",
                   "--label", "base model alone", "--out", str(out / "eval-direct")])
     run(common + model + agent + ["--label", "AgentFlow, untrained planner", "--out", str(out / "eval-untrained")])
     run(common + model + agent + ["--fixed-tool", "Python_Coder", "--label", "AgentFlow, fixed plan: Python_Coder",

@@ -45,7 +45,7 @@ import json
 import sys
 import time
 from collections import Counter
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -55,53 +55,41 @@ from tqdm import tqdm
 import modules
 from scaleout import remote_engine
 from environment import tasks
-from engine import EMBEDDED, Generation, HFEngine, load_model
-from rollout import RolloutConfig, Trajectory, rollout, rollout_stats
-from bookkeeping.report import compare, wilson, write_html  # noqa: F401 (public here too: demo.py, train.py, tests)
-from tools import OFFLINE_TOOLS, Toolbox, check_tool_names
-
-
-def _opt(default, help: str):
-    """A config field with its one-line help; the command line is built from these."""
-    return field(default=default, metadata={"help": help})
+from bookkeeping.models import EMBEDDED, load_model
+from engine import Generation, HFEngine
+from rollout import RolloutConfig, Trajectory, add_arguments, arg, rollout, rollout_stats
+from bookkeeping.report import compare, wilson, write_html
+from tools import Toolbox
+from train import PRESETS
 
 
 @dataclass
-class EvalConfig:
-    # data
-    data: str = _opt("mixed", "a suite (arithmetic, game24, lookup, mixed), a benchmark name, or a JSON/JSONL file")
-    split: str = _opt("test", "split of a generated suite (files and benchmarks ignore it)")
-    n: int = _opt(100, "number of questions (generated suites: n drawn by --seed; files: the first n)")
-    seed: int = _opt(0, "seed of the question draw and of torch")
-    skip_bad_rows: bool = _opt(False, "skip (and count) malformed rows of a --data file instead of stopping at the first")
-    # system under test
-    mode: str = _opt("agent", "agent = AgentFlow with tools; direct = the model answers alone")
-    model: str = _opt(EMBEDDED, "Hugging Face id or folder; 'embedded' = SmolLM2-135M-Instruct")
-    checkpoint: str = _opt("", "train.py checkpoint folder (step-N/ with planner/, or a save_pretrained folder)")
-    frozen_model: str = _opt("", "with --checkpoint: the frozen modules' model (default: state.json's, else embedded)")
-    frozen_engine: str = _opt("", "URL of an OpenAI-compatible server (http://host:port/v1[#model]) for the executor, verifier, generator, Base_Generator and judge")
-    fixed_tool: str = _opt("", "agent mode: replace the planner by a rule, this tool every turn with the question as the sub-goal")
-    label: str = _opt("", "system name in tables (default: from mode and model/checkpoint)")
-    device: str = _opt("cpu", "torch device of the models (cpu, cuda)")
-    # rollout (paper evaluation: 10 turns)
-    max_turns: int = _opt(10, "T_max: planner turns per question")
-    temperature: float = _opt(0.0, "planner temperature (0 = greedy); the frozen modules are always greedy")
-    tools: str = _opt(",".join(OFFLINE_TOOLS), "comma-separated tools the planner may use")
-    batch_size: int = _opt(8, "questions rolled out together in lockstep")
-    analysis_tokens: int = _opt(RolloutConfig.analysis_tokens, "max new tokens of the query analysis")
-    planner_tokens: int = _opt(RolloutConfig.planner_tokens, "max new tokens of a planner action")
-    executor_tokens: int = _opt(RolloutConfig.executor_tokens, "max new tokens of an executor command")
-    verifier_tokens: int = _opt(RolloutConfig.verifier_tokens, "max new tokens of a verifier verdict")
-    generator_tokens: int = _opt(RolloutConfig.generator_tokens, "max new tokens of the final answer (also direct mode)")
-    # scoring and output
-    judge: bool = _opt(False, "score with tasks.judge on the frozen model instead of the rule-based tasks.score")
-    out: str = _opt("", "output folder for summary.json, results.jsonl, trajectories.html (required)")
+class EvalConfig(RolloutConfig):
+    """What an evaluation needs; the rollout fields come from rollout.RolloutConfig (written once), with
+    the paper's evaluation values where they differ from training's: 10 turns, a greedy planner."""
 
-    def rollout_config(self) -> RolloutConfig:
-        return RolloutConfig(max_turns=self.max_turns, temperature=self.temperature, analysis_tokens=self.analysis_tokens,
-                             planner_tokens=self.planner_tokens, executor_tokens=self.executor_tokens,
-                             verifier_tokens=self.verifier_tokens, generator_tokens=self.generator_tokens,
-                             tools=check_tool_names([t.strip() for t in self.tools.split(",") if t.strip()]))
+    max_turns: int = arg(10, "T_max: planner turns per question (paper: 10 in evaluation)")
+    temperature: float = arg(0.0, "planner temperature (0 = greedy, reproducible); the frozen modules are always greedy")
+    # data
+    data: str = arg("mixed", "a suite (arithmetic, game24, lookup, mixed), a benchmark name, or a JSON/JSONL file")
+    split: str = arg("test", "split of a generated suite (files and benchmarks ignore it)")
+    n: int = arg(100, "number of questions (generated suites: n drawn by --seed; files: the first n)")
+    seed: int = arg(0, "seed of the question draw and of torch")
+    skip_bad_rows: bool = arg(False, "skip (and count) malformed rows of a --data file instead of stopping at the first")
+    # system under test
+    mode: str = arg("agent", "agent = AgentFlow with tools; direct = the model answers alone")
+    model: str = arg(EMBEDDED, "Hugging Face id or folder; 'embedded' = SmolLM2-135M-Instruct")
+    checkpoint: str = arg("", "train.py checkpoint folder (step-N/ with planner/, or a save_pretrained folder)")
+    frozen_model: str = arg("", "with --checkpoint: the frozen modules' model (default: state.json's, else embedded)")
+    frozen_engine: str = arg("", "URL of an OpenAI-compatible server (http://host:port/v1[#model]) for the executor, verifier, generator, Base_Generator and judge")
+    fixed_tool: str = arg("", "agent mode: replace the planner by a rule, this tool every turn with the question as the sub-goal")
+    label: str = arg("", "system name in tables (default: from mode and model/checkpoint)")
+    device: str = arg("auto", "torch device of the models: auto (cuda when there is one, else cpu), cpu, cuda")
+    dtype: str = arg("auto", "weights' dtype: auto (bf16 on a GPU that supports it, else fp32), fp32, bf16")
+    batch_size: int = arg(8, "questions rolled out together in lockstep")
+    # scoring and output
+    judge: bool = arg(False, "score with tasks.judge on the frozen model instead of the rule-based tasks.score")
+    out: str = arg("", "output folder for summary.json, results.jsonl, trajectories.html (required)")
 
 
 def _proportion(scores) -> dict:
@@ -254,14 +242,11 @@ def default_label(cfg: EvalConfig, model_name: str) -> str:
 
 
 def parse_args(argv=None) -> tuple[EvalConfig, argparse.Namespace]:
+    """EvalConfig from its defaults < --preset (train.py's, rollout sizes only) < the command line."""
     parser = argparse.ArgumentParser(description="Evaluate AgentFlow or the model alone; or --compare result folders.")
-    for f in fields(EvalConfig):
-        flag = "--" + f.name.replace("_", "-")
-        if f.type is bool:
-            parser.add_argument(flag, action="store_true", help=f.metadata["help"])
-        else:
-            # Default None marks "not given", so that --model together with --checkpoint can be refused.
-            parser.add_argument(flag, type=f.type, default=None, help=f"{f.metadata['help']} (default: {f.default!r})")
+    parser.add_argument("--preset", choices=sorted(PRESETS), help="take the rollout sizes (turns, token limits, memory, "
+                        "tools, speedups) of this train.py preset; the planner stays greedy unless --temperature")
+    add_arguments(parser, EvalConfig)
     parser.add_argument("--compare", nargs="+", metavar="DIR", help="print a markdown table of these --out folders")
     parser.add_argument("--json", metavar="FILE", help="with --compare: also write the table as JSON entries")
     args = parser.parse_args(argv)
@@ -273,24 +258,40 @@ def parse_args(argv=None) -> tuple[EvalConfig, argparse.Namespace]:
         parser.error("give --model or --checkpoint, not both (with --checkpoint, --frozen-model names the base model)")
     if args.frozen_model is not None and args.checkpoint is None:
         parser.error("--frozen-model only applies with --checkpoint (with --model one model plays every part)")
+    rollout_fields = {f.name for f in fields(RolloutConfig)} - {"temperature"}
+    preset = {k: v for k, v in PRESETS[args.preset].items() if k in rollout_fields} if args.preset else {}
     given = {f.name: getattr(args, f.name) for f in fields(EvalConfig) if getattr(args, f.name) is not None}
-    cfg = EvalConfig(**given)
+    cfg = EvalConfig(**{**preset, **given})
     for name, low in (("n", 1), ("batch_size", 1), ("max_turns", 1), ("temperature", 0), ("analysis_tokens", 0),
                       ("planner_tokens", 1), ("executor_tokens", 1), ("verifier_tokens", 1), ("generator_tokens", 1)):
         if getattr(cfg, name) < low:
             parser.error(f"--{name.replace('_', '-')} must be >= {low}, got {getattr(cfg, name)}")
     if cfg.mode not in ("agent", "direct"):
         parser.error(f"--mode must be agent or direct, got {cfg.mode!r}")
+    if cfg.device not in ("auto", "cpu", "cuda") and not cfg.device.startswith("cuda:"):
+        parser.error(f"--device must be auto, cpu or cuda, got {cfg.device!r}")
+    if cfg.dtype not in ("auto", "fp32", "bf16"):
+        parser.error(f"--dtype must be auto, fp32 or bf16, got {cfg.dtype!r}")
     if not cfg.out:
         parser.error("--out DIR is required: the folder for summary.json, results.jsonl and trajectories.html")
     try:
-        rcfg = cfg.rollout_config()  # checks the tool names
+        tools = cfg.tool_names()
     except ValueError as e:
         parser.error(str(e))
-    if cfg.fixed_tool and (cfg.mode != "agent" or cfg.checkpoint or cfg.fixed_tool not in rcfg.tools):
-        parser.error(f"--fixed-tool takes one of --tools ({', '.join(rcfg.tools)}), in --mode agent, without "
+    if cfg.fixed_tool and (cfg.mode != "agent" or cfg.checkpoint or cfg.fixed_tool not in tools):
+        parser.error(f"--fixed-tool takes one of --tools ({', '.join(tools)}), in --mode agent, without "
                      f"--checkpoint (it replaces the planner); got {cfg.fixed_tool!r}")
     return cfg, args
+
+
+def device_and_dtype(cfg: EvalConfig) -> tuple[str, torch.dtype]:
+    """Where and in what the models run: a GPU when there is one, in bf16 where it supports it
+    (a 7B model in fp32 is 30 GB); --device and --dtype say otherwise."""
+    device = ("cuda" if torch.cuda.is_available() else "cpu") if cfg.device == "auto" else cfg.device
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise SystemExit("evaluate.py: error: --device cuda, but torch sees no GPU; pass --device cpu")
+    bf16 = cfg.dtype == "bf16" or (cfg.dtype == "auto" and device.startswith("cuda") and torch.cuda.is_bf16_supported())
+    return device, torch.bfloat16 if bf16 else torch.float32
 
 
 # ---------------------------------------------------------------------------------------------
@@ -324,13 +325,13 @@ def main(argv=None):
     else:
         model_name = cfg.model
     cfg.label = cfg.label or default_label(cfg, model_name)
-    rcfg = cfg.rollout_config()
+    device, dtype = device_and_dtype(cfg)
     print("config: " + json.dumps(asdict(cfg)), flush=True)
     torch.manual_seed(cfg.seed)
 
     # 2. Engines: one for --model; a planner and a frozen one for --checkpoint (frozen only if used).
     t0 = time.perf_counter()
-    planner = HFEngine(*load_model(model_name, device=cfg.device))
+    planner = HFEngine(*load_model(model_name, dtype=dtype, device=device), speedups=cfg.speedups)
     frozen = planner
     if cfg.frozen_engine and (cfg.mode == "agent" or cfg.judge):
         try:
@@ -338,29 +339,29 @@ def main(argv=None):
         except (ValueError, RuntimeError) as e:
             raise SystemExit(f"evaluate.py: error: --frozen-engine: {e}") from None
     elif cfg.checkpoint and (cfg.mode == "agent" or cfg.judge):
-        frozen = HFEngine(*load_model(cfg.frozen_model, device=cfg.device))
+        frozen = HFEngine(*load_model(cfg.frozen_model, dtype=dtype, device=device), speedups=cfg.speedups)
     if cfg.fixed_tool:
         planner = FixedPlan(cfg.fixed_tool)
-    print(f"models loaded in {time.perf_counter() - t0:.1f} s", file=sys.stderr)
+    print(f"models loaded in {time.perf_counter() - t0:.1f} s on {device} in {str(dtype).removeprefix('torch.')}", file=sys.stderr)
 
     # 3. Run, writing each record as soon as its batch is scored (a crash keeps what was done).
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
-    toolbox = Toolbox(rcfg.tools, llm=frozen) if cfg.mode == "agent" else None
+    toolbox = Toolbox(cfg.tool_names(), llm=frozen) if cfg.mode == "agent" else None
     t0 = time.perf_counter()
     with open(out / "results.jsonl", "w", encoding="utf-8") as f:
         def write(record):
             f.write(json.dumps(record, ensure_ascii=False) + "\n")
             f.flush()
 
-        records = evaluate_examples(examples, planner, frozen, rcfg, cfg.mode, toolbox, cfg.batch_size,
+        records = evaluate_examples(examples, planner, frozen, cfg, cfg.mode, toolbox, cfg.batch_size,
                                     judge_engine=frozen if cfg.judge else None, on_result=write)
     seconds = time.perf_counter() - t0
 
     # 4. Summary, viewer, and the lines to read in the terminal.
     summary = summarize(records, seconds=seconds, skipped_rows=report.get("skipped", 0), label=cfg.label, mode=cfg.mode, data=cfg.data, split=cfg.split,
                         model=cfg.model if not cfg.checkpoint else "", checkpoint=cfg.checkpoint,
-                        frozen_model=cfg.frozen_model or cfg.model, scorer="judge" if cfg.judge else "rule",
+                        frozen_model=cfg.frozen_model or cfg.model, device=device, dtype=str(dtype).removeprefix("torch."), scorer="judge" if cfg.judge else "rule",
                         tokens_generated=planner.tokens_generated + (frozen.tokens_generated if frozen is not planner else 0),
                         config=asdict(cfg))
     (out / "summary.json").write_text(json.dumps(summary, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")

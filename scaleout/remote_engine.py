@@ -55,7 +55,6 @@ Test:  python -m pytest -q tests/test_remote_engine.py
 
 import json
 import os
-import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -275,10 +274,18 @@ def from_url(url: str, **overrides) -> RemoteEngine:
     return RemoteEngine(RemoteConfig(base_url=base, model=model.strip(), **overrides))
 
 
-if __name__ == "__main__":
-    if len(sys.argv) < 2:
-        sys.exit("usage: python -m scaleout.remote_engine URL[#MODEL] [QUESTION]")
-    engine = from_url(sys.argv[1])
-    question = " ".join(sys.argv[2:]) or "What is the capital of France?"
+def main(argv=None):
+    import argparse
+
+    p = argparse.ArgumentParser(description="Ask an OpenAI-compatible server one question through RemoteEngine.")
+    p.add_argument("url", help="http://host:port/v1, optionally #MODEL")
+    p.add_argument("question", nargs="*", help="the question (default: What is the capital of France?)")
+    args = p.parse_args(argv)
+    engine = from_url(args.url)
+    question = " ".join(args.question) or "What is the capital of France?"
     [gen] = engine.generate([[{"role": "user", "content": question}]], max_new_tokens=64, temperature=0)
     print(f"Error: {gen.error}" if gen.error else gen.text)
+
+
+if __name__ == "__main__":
+    main()

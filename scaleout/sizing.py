@@ -119,3 +119,15 @@ def report(model: str, **kw) -> str:
     lines.append(f"  {'peak in the rollout':<20} {e['peak_rollout']:8.2f} GB")
     lines.append(f"  {'total (the larger)':<20} {e['total']:8.2f} GB  (+1-3 GB allocator and CUDA context)")
     return "\n".join(lines)
+
+
+def report_for(cfg, gpus: int, sharded: bool, bf16: bool) -> str:
+    """report() for a train.Config: the longest row is a full planner prompt plus its response, and a
+    rollout generates at most 16 rows a call (engine.HFEngine.max_batch), however many it holds."""
+    row_tokens = cfg.memory_chars // 3 + 400 + cfg.planner_tokens  # ~3 characters a token, ~400 of instructions
+    try:
+        return report(cfg.model, gpus=gpus, sharded=sharded, bf16=bf16, checkpointing=cfg.gradient_checkpointing,
+                      micro_rows=cfg.micro_batch_rows, row_tokens=row_tokens, response_tokens=cfg.planner_tokens,
+                      rollout_rows=min(cfg.questions_per_step * cfg.group_size // gpus, 16))
+    except ValueError as e:
+        return f"memory estimate: {e}"

@@ -37,16 +37,7 @@ import torch
 from transformers import DynamicCache, StaticCache
 from transformers.cache_utils import DynamicLayer
 
-
-def left_pad(prompts, pad: int):
-    """(B, W) token ids, left-padded, and the (B, W) attention mask marking real tokens."""
-    width = max(len(p) for p in prompts)
-    ids = torch.full((len(prompts), width), pad, dtype=torch.long)
-    mask = torch.zeros((len(prompts), width), dtype=torch.long)
-    for row, p in enumerate(prompts):
-        ids[row, width - len(p):] = torch.tensor(p, dtype=torch.long)
-        mask[row, width - len(p):] = 1
-    return ids, mask
+from engine import left_pad
 
 
 def _common(a, b) -> int:

