@@ -20,25 +20,35 @@ What the sandbox does:
   max_output_chars characters and counts the rest, so 10^9 printed characters cost the caller
   a few kilobytes; the result is cut in the middle with a note of how much was cut.
 - No process of the snippet survives the call. Every process carries a unique marker in its
-  environment (AGENTFLOW_SANDBOX=<uuid>, inherited through fork and exec); after the call we kill
-  the process group, then scan /proc/*/environ for the marker and SIGKILL every match until none
-  is left, which also catches a child that called setsid() and double-forked. Limit: a process
-  that exec()s with an empty environment (os.execve(..., env={})) or overwrites its environ
-  block escapes the scan. The snippet and its supervisor also die with their parent
-  (prctl PR_SET_PDEATHSIG), so a crash of the agent does not leave them running.
+  environment (AGENTFLOW_SANDBOX_RUN=<uuid>, inherited through fork and exec); after the call we
+  kill the process group, then scan /proc/*/environ for the marker and SIGKILL every match until
+  none is left, which also catches a child that called setsid() and double-forked. A process
+  that exec()s with an empty environment escapes the scan, but not the PID namespace, which the
+  kernel empties when it ends (without isolation, it survives). The snippet and its supervisor
+  also die with their parent (prctl PR_SET_PDEATHSIG), so a crash of the agent does not leave
+  them running.
 - A small supervisor process sits between the caller and the snippet, so os.kill(os.getppid())
   in the snippet hits the supervisor (the call returns "killed by signal 9"), not the agent.
 - When the caller is root, the snippet runs as the unprivileged user nobody (uid 65534), but
   only if nobody can start the interpreter: on machines where Python lives under /root/.pyenv
   and /root is mode 0700 it cannot, and we fall back to the current user. The check runs once and
   is cached (see `sandbox_user()`).
+- Namespaces (environment/isolation.py, with bubblewrap), where the machine allows them: the
+  snippet sees only its own processes, has no network (not even the machine's loopback), sees a
+  read-only file system with its folder the only writable one, and sees HOME, /tmp, /var, /run and
+  the project empty (the interpreter's prefix is bound back). isolation.py says what each layer
+  stops. AGENTFLOW_SANDBOX (or set_mode()) chooses: auto (default; where isolation is unavailable
+  one line on stderr, then as before), strict (refuse), off (no namespaces). Through bwrap the
+  supervisor reports the snippet's wait status on a pipe, as bwrap folds signals into 128 + N.
 
-What it does NOT isolate: the filesystem outside the temporary folder (beyond unix permissions:
-when running as the caller's own user, and above all as root, a snippet can read and write
-whatever the caller can, read /proc/<agent pid>/environ, kill the agent by pid, and raise its own
-limits), and the network (a snippet can open sockets). The time bound assumes the snippet's folder
-is quick to delete: one that creates hundreds of thousands of files can delay the return by the
-time rmtree needs. For untrusted workloads run the whole agent, or this module, in a container:
+What it does NOT isolate: the kernel (namespaces without a seccomp filter leave its system calls
+reachable), CPU and disk shares beyond the rlimits (the folder's total size is not capped), and,
+as root, root-owned files outside the hidden folders (readable, not writable). Without isolation
+(mode off, no bwrap, namespaces disabled, not Linux) it is the sandbox without namespaces: a
+snippet can read and write whatever its user can (everything, as root), read
+/proc/<agent pid>/environ, signal the agent by pid and open sockets. The time bound assumes the
+snippet's folder is quick to delete: one that creates hundreds of thousands of files can delay
+the return by the time rmtree needs. For untrusted workloads run the whole agent in a container:
 
     docker run --rm --network none --read-only --tmpfs /tmp --pids-limit 256 --memory 4g \\
         --cap-drop ALL --security-opt no-new-privileges --user 65534:65534 IMAGE ...
@@ -47,9 +57,11 @@ Differences from the official code: a real process boundary instead of exec(); o
 the official 3,500 characters in the middle, keeping its head and its tail (errors come last); an
 empty result reads "(no output: print the result to see it)" so the planner sees why.
 
-Test: python -m pytest -q tests/test_sandbox.py
+Test:  python -m pytest -q tests/test_sandbox.py
+Bench: python -m environment.sandbox --bench   (per-call latency with isolation off and on)
 """
 
+import argparse
 import codecs
 import json
 import math
@@ -59,6 +71,7 @@ import re
 import selectors
 import shutil
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -67,7 +80,9 @@ import uuid
 from dataclasses import dataclass
 from functools import lru_cache
 
-MARKER_NAME = "AGENTFLOW_SANDBOX"  # environment variable that tags every process of a snippet
+from environment import isolation
+
+MARKER_NAME = "AGENTFLOW_SANDBOX_RUN"  # environment variable that tags every process of a snippet
 NOBODY_UID = 65534  # the conventional unprivileged user and group (nobody / nogroup)
 CLEANUP_SECONDS = 1.5  # time allowed after the deadline for killing, draining and reaping
 
@@ -103,7 +118,9 @@ def die_with(parent_pid):
     if os.getppid() != parent_pid:  # the parent died before prctl took effect
         os._exit(137)
 
-die_with(cfg["parent_pid"])
+# In a PID namespace the caller's pid means nothing; our parent there is bwrap's init.
+die_with(os.getppid() if cfg["parent_pid"] is None else cfg["parent_pid"])
+status_fd = cfg["status_fd"]
 uid = os.getuid()
 if cfg["max_processes"] is not None:
     # RLIMIT_NPROC counts every process of the user, so allow what it already runs plus a margin.
@@ -125,10 +142,15 @@ pid = os.fork()
 if pid == 0:
     die_with(supervisor_pid)
     try:
+        if status_fd is not None:
+            os.close(status_fd)
         os.execv(sys.executable, [sys.executable, "-E", "-s", cfg["script"]])
     finally:
         os._exit(127)
 _, status = os.waitpid(pid, 0)
+if status_fd is not None:
+    # bwrap reports a death by signal N as exit status 128 + N, so tell the caller the real status.
+    os.write(status_fd, str(status).encode())
 if os.WIFSIGNALED(status):
     # Die of the same signal so that the caller sees it (Python ignores SIGPIPE and SIGXFSZ).
     sig = os.WTERMSIG(status)
@@ -189,18 +211,33 @@ def live_sandbox_processes() -> list[int]:
     return _pids_with_environ_entry(MARKER_NAME.encode() + b"=")
 
 
+def _group_running(pgid: int) -> bool:
+    """Whether a process of group `pgid` is still running (zombies do not count)."""
+    for name in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{name}/stat", "rb") as f:
+                state, _ppid, group = f.read().rsplit(b")", 1)[1].split()[:3]
+        except (OSError, ValueError):  # not a process, or exited meanwhile
+            continue
+        if state != b"Z" and int(group) == pgid:
+            return True
+    return False
+
+
 def _kill_everything(pgid: int | None, marker: str, deadline: float) -> None:
-    """SIGKILL the process group, then every process carrying `marker`, until none is left."""
-    try:
-        if pgid is not None:
-            os.killpg(pgid, signal.SIGKILL)
-    except OSError:  # the group is already empty
-        pass
-    # A process may fork while we kill its parent, so scan again until a scan finds nothing.
+    """SIGKILL the process group and every process carrying `marker`, until none is running."""
+    # A process may fork while we kill its parent, so kill again until a scan finds nothing. The
+    # group is watched too: in namespaces, a process that wiped its environment dies with the
+    # namespace, which the kernel empties while bwrap's init (in our group) exits.
     # (A pid could in theory be reused between the scan and the kill; the window is microseconds.)
     while True:
+        try:
+            if pgid is not None:
+                os.killpg(pgid, signal.SIGKILL)
+        except OSError:  # the group is already empty
+            pass
         pids = _pids_with_environ_entry(marker.encode())
-        if not pids or time.monotonic() > deadline:
+        if not pids and (pgid is None or not _group_running(pgid)) or time.monotonic() > deadline:
             return
         for pid in pids:
             try:
@@ -318,10 +355,12 @@ def _read_until(streams: dict, deadline: float, proc: subprocess.Popen | None) -
 
 def run_python(code: str, timeout: float = 10.0, max_output_chars: int = 3500,
                memory_mb: int = 1024, file_size_mb: int = 16,
-               max_processes: int = 128) -> ExecResult:
+               max_processes: int = 128, mode: str | None = None) -> ExecResult:
     """Run a Python snippet in a sandboxed process and return what it printed.
 
-    Never raises because of the snippet; raises ValueError only for nonsensical limits.
+    `mode` (auto, strict, off) overrides set_mode() and AGENTFLOW_SANDBOX for this call; a refusal
+    of strict mode is an ExecResult whose error says what to change.
+    Never raises because of the snippet; raises ValueError only for nonsensical limits or modes.
     Example: run_python("print(6 * 7)").as_text() == "42\\n";
              run_python("1/0").error == "ZeroDivisionError: division by zero".
     """
@@ -332,18 +371,24 @@ def run_python(code: str, timeout: float = 10.0, max_output_chars: int = 3500,
                         ("max_processes", max_processes)]:
         if not value > 0:
             raise ValueError(f"{name} must be positive, got {value!r}")
+    mode = isolation.current_mode(mode)
     start = time.monotonic()
     deadline = start + timeout
     token = uuid.uuid4().hex
     marker = f"{MARKER_NAME}={token}"  # the environ entry that tags every process of this call
-    workdir = proc = None
+    workdir = proc = status_read = status_write = None
+    try:
+        launcher = isolation.launcher(mode, sandbox_user())
+    except isolation.Unavailable as exc:
+        return ExecResult(False, "", str(exc), None, time.monotonic() - start)
+    # The user the processes run as outside any namespace (None: the caller's own).
+    user = launcher.run_as if launcher else sandbox_user()
     try:
         # 1. A fresh folder with the snippet in it, owned by the user that will run it.
         workdir = tempfile.mkdtemp(prefix="agentflow_sandbox_")
         script = os.path.join(workdir, "snippet.py")
         with open(script, "w", encoding="utf-8", errors="replace") as f:
             f.write(code)
-        user = sandbox_user()
         if user is not None:
             os.chown(workdir, *user)
             os.chown(script, *user)
@@ -355,17 +400,29 @@ def run_python(code: str, timeout: float = 10.0, max_output_chars: int = 3500,
                "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
                MARKER_NAME: token}
         cpu_seconds = math.ceil(timeout) + 1  # SIGXCPU a bit after the wall-clock deadline
-        config = {"parent_pid": os.getpid(), "script": script,
+        command = [sys.executable, "-I", "-c", _SUPERVISOR]
+        if launcher is not None:
+            # In namespaces bwrap starts the supervisor, which reports the snippet status on a pipe.
+            command = launcher.command(workdir, memory_mb) + command
+            status_read, status_write = os.pipe()
+            os.set_blocking(status_read, False)
+        config = {"parent_pid": None if launcher else os.getpid(), "status_fd": status_write,
+                  "script": script,
                   # NPROC is only worth setting where the kernel enforces it (not for root).
                   "max_processes": max_processes if os.geteuid() != 0 or user else None,
                   "limits": {"RLIMIT_CPU": [cpu_seconds, cpu_seconds + 1],
                              "RLIMIT_AS": memory_mb << 20, "RLIMIT_FSIZE": file_size_mb << 20,
                              "RLIMIT_CORE": 0}}
         uid_args = {"user": user[0], "group": user[1], "extra_groups": []} if user else {}
-        proc = subprocess.Popen([sys.executable, "-I", "-c", _SUPERVISOR, json.dumps(config)],
+        proc = subprocess.Popen(command + [json.dumps(config)],
                                 cwd=workdir, env=env, stdin=subprocess.DEVNULL,
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                start_new_session=True, **uid_args)
+                                start_new_session=True,
+                                pass_fds=() if status_write is None else (status_write,),
+                                **uid_args)
+        if status_write is not None:
+            os.close(status_write)
+            status_write = None
         # 3. Read output until the supervisor exits or the deadline passes.
         stdout, stderr = _Capture(max_output_chars), _Capture(max_output_chars)
         streams = {proc.stdout.fileno(): stdout, proc.stderr.fileno(): stderr}
@@ -380,6 +437,8 @@ def run_python(code: str, timeout: float = 10.0, max_output_chars: int = 3500,
             returncode = proc.wait(timeout=max(0.01, cleanup_deadline - 0.2 - time.monotonic()))
         except subprocess.TimeoutExpired:
             returncode = None
+        if status_read is not None and returncode is not None:
+            returncode = _supervisor_returncode(status_read, returncode)
         output = _combine(stdout, stderr, max_output_chars)
         if returncode == 0 and not timed_out:
             return ExecResult(True, output, "", 0, time.monotonic() - start)
@@ -402,8 +461,21 @@ def run_python(code: str, timeout: float = 10.0, max_output_chars: int = 3500,
                     proc.wait(timeout=0.1)
                 except subprocess.TimeoutExpired:
                     pass
+        for fd in (status_read, status_write):
+            if fd is not None:
+                os.close(fd)
         if workdir is not None:
             _remove_tree(workdir)
+
+
+def _supervisor_returncode(status_read: int, bwrap_returncode: int) -> int:
+    """The supervisor's exit status as subprocess would give it, seen through bwrap."""
+    try:
+        status = int(os.read(status_read, 64))
+    except (BlockingIOError, ValueError):  # no report: the supervisor itself was killed
+        # bwrap turns a death by signal N into exit status 128 + N; negative: bwrap was killed.
+        return 128 - bwrap_returncode if bwrap_returncode > 128 else bwrap_returncode
+    return -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
 
 
 def _remove_tree(path: str) -> None:
@@ -417,3 +489,61 @@ def _remove_tree(path: str) -> None:
         except OSError:
             pass
     shutil.rmtree(path, onerror=make_writable_and_retry)
+
+
+def set_mode(mode: str | None) -> None:
+    """Isolate snippets in `mode`: auto (default), strict or off; None: AGENTFLOW_SANDBOX decides.
+
+    Raises ValueError for another value, and isolation.Unavailable (a RuntimeError whose message
+    says what to change) when strict mode cannot be had here, so a run can refuse before any work.
+    """
+    isolation.set_mode(mode)
+    if isolation.current_mode() == "strict":
+        isolation.launcher("strict", sandbox_user())
+
+
+def _bench(calls: int) -> None:
+    """Per-call latency of print(1) with isolation off and on, alternating in the same run."""
+    times = {"off": [], "strict": []}
+    for mode in times:  # warm-up: the first isolated call also probes bwrap
+        run_python("print(1)", mode=mode)
+    for _ in range(calls):
+        for mode, samples in times.items():
+            result = run_python("print(1)", mode=mode)
+            if not result.ok:
+                sys.exit(f"sandbox --bench: print(1) failed with isolation {mode}: {result.error}")
+            samples.append(result.seconds * 1000)
+    stats = {mode: (statistics.median(samples), statistics.quantiles(samples, n=10)[-1])
+             for mode, samples in times.items()}
+    print(f"run_python('print(1)'): {calls} calls per setting, alternating, "
+          f"on {os.cpu_count()} CPUs")
+    for mode, label in (("off", "isolation off"), ("strict", "isolation on ")):
+        print(f"  {label}  median {stats[mode][0]:6.1f} ms   p90 {stats[mode][1]:6.1f} ms")
+    print(f"  cost of isolation: {stats['strict'][0] - stats['off'][0]:+.1f} ms median, "
+          f"{stats['strict'][1] - stats['off'][1]:+.1f} ms p90")
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(
+        prog="python -m environment.sandbox",
+        description="Python_Coder's sandbox: say whether snippets run isolated here, or time it.")
+    parser.add_argument("--bench", action="store_true",
+                        help="time print(1) with isolation off and on, in the same run")
+    parser.add_argument("--calls", type=int, default=20, help="calls per setting (default 20)")
+    args = parser.parse_args(argv)
+    if args.calls < 2:
+        parser.error("--calls must be at least 2")
+    if args.bench:
+        return _bench(args.calls)
+    mode = isolation.current_mode()
+    try:
+        launcher = isolation.launcher("strict", sandbox_user())
+    except isolation.Unavailable as exc:
+        print(f"mode {mode}; isolation unavailable: {exc}")
+        return
+    print(f"mode {mode}; isolation available: {launcher.bwrap}, "
+          f"{'on' if mode != 'off' else 'but off'} for snippets")
+
+
+if __name__ == "__main__":
+    main()

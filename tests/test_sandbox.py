@@ -22,6 +22,7 @@ import pytest
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from environment import sandbox  # noqa: E402
 from environment.sandbox import ExecResult, live_sandbox_processes, run_python  # noqa: E402
+from environment import isolation  # noqa: E402
 
 TIMEOUT = 2.0
 MAX_CHARS = 3500
@@ -231,3 +232,202 @@ def test_nonsensical_limits_raise_a_clear_error(kwargs, message):
 def test_non_string_code_raises_a_clear_error():
     with pytest.raises(ValueError, match="code must be a str"):
         run_python(b"print(1)")  # type: ignore[arg-type]
+
+
+# --- Isolation (environment/isolation.py): what a snippet must not reach outside its call. -------
+# Each attack below succeeds without namespaces (the code before isolation, or mode off), so each
+# test fails there; they are skipped only where this machine cannot isolate at all.
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.fixture
+def isolated(monkeypatch):
+    """The default mode, whatever the caller's AGENTFLOW_SANDBOX; skip where it cannot isolate."""
+    monkeypatch.delenv(isolation.MODE_VARIABLE, raising=False)
+    monkeypatch.setattr(isolation, "_mode", None)
+    try:
+        isolation.launcher("strict", sandbox.sandbox_user())
+    except isolation.Unavailable as exc:
+        pytest.skip(f"this machine cannot isolate: {exc}")
+
+
+@pytest.fixture
+def no_bwrap(monkeypatch):
+    """A machine without bubblewrap, seen by a process that has not used the sandbox yet."""
+    monkeypatch.delenv(isolation.MODE_VARIABLE, raising=False)
+    monkeypatch.setattr(isolation, "_mode", None)
+    monkeypatch.setattr(isolation, "BWRAP", "/nonexistent/bwrap")
+    monkeypatch.setattr(isolation, "_launchers", {})
+    monkeypatch.setattr(isolation, "_noticed", False)
+
+
+def test_a_snippet_cannot_read_the_agents_environment_or_see_other_processes(isolated,
+                                                                             monkeypatch):
+    # /proc/<pid>/environ shows a process's environment as it started, so the token set here is
+    # given to an agent started now, as `export ..._TOKEN=sk-...; python train.py` would.
+    secret = f"sk-{uuid.uuid4().hex}"
+    monkeypatch.setenv("AGENTFLOW_TEST_TOKEN", secret)
+    bystander = subprocess.Popen(["sleep", "30"])  # another process holding the token
+    scan = ("import os\nfound, seen = [], []\nfor pid in os.listdir('/proc'):\n"
+            "    if pid.isdigit():\n        seen.append(int(pid))\n        try:\n"
+            "            env = open(f'/proc/{pid}/environ', 'rb').read().split(b'\\0')\n"
+            "        except OSError:\n            continue\n"
+            "        found += [e.decode() for e in env if b'AGENTFLOW_TEST_TOKEN' in e]\n"
+            "print('found', found)\nprint('seen', sorted(seen))")
+    agent = ("import sys\nsys.path.insert(0, sys.argv[1])\n"
+             "from environment.sandbox import run_python\n"
+             "result = run_python(sys.stdin.read(), timeout=5)\nprint(result.output, result.error)")
+    try:
+        done = subprocess.run([sys.executable, "-c", agent, ROOT], input=scan, text=True,
+                              capture_output=True, timeout=30)
+    finally:
+        bystander.kill()
+        bystander.wait()
+    assert "found []" in done.stdout, done.stdout + done.stderr
+    assert secret not in done.stdout
+    seen = [int(pid) for pid in re.search(r"seen \[([\d, ]*)\]", done.stdout).group(1).split(",")]
+    assert bystander.pid not in seen and os.getpid() not in seen and len(seen) <= 4, seen
+
+
+def test_a_snippet_cannot_connect_to_a_server_on_loopback(isolated):
+    import socket
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        port = server.getsockname()[1]
+        code = ("import socket\nprint('interfaces', [name for _, name in socket.if_nameindex()])\n"
+                f"try:\n    socket.create_connection(('127.0.0.1', {port}), timeout=2)\n"
+                "    print('connected')\nexcept OSError as e:\n"
+                "    print('failed:', type(e).__name__)")
+        result = run_checked(code)
+        server.setblocking(False)
+        with pytest.raises(BlockingIOError):  # nobody knocked
+            server.accept()
+    assert "failed: ConnectionRefusedError" in result.output, result.output
+    assert "interfaces ['lo']" in result.output  # its own loopback only: no route anywhere
+
+
+def test_a_snippet_cannot_write_outside_its_folder(isolated, tmp_path):
+    targets = [tmp_path / "outside.txt", tmp_path / "made" / "by" / "snippet.txt"]
+    code = ("import os\nopen('inside.txt', 'w').write('fine')\nprint('inside ok')\n"
+            f"for path in {[str(t) for t in targets]!r}:\n    try:\n"
+            "        os.makedirs(os.path.dirname(path), exist_ok=True)\n"
+            "        open(path, 'w').write('x')\n        print('wrote', path)\n"
+            "    except OSError as e:\n        print('failed:', type(e).__name__)")
+    result = run_checked(code)
+    assert result.ok, result.error
+    assert "inside ok" in result.output and "wrote" not in result.output, result.output
+    assert not any(t.exists() for t in targets) and not (tmp_path / "made").exists()
+
+
+def test_a_snippet_cannot_read_the_users_home(isolated):
+    home = os.path.expanduser("~")  # the agent's home: ~/.cache, keys, checkpoints
+    secret = f"sk-{uuid.uuid4().hex}"
+    planted = os.path.join(home, f".agentflow_sandbox_test_{uuid.uuid4().hex}")
+    try:
+        with open(planted, "w") as f:
+            f.write(secret)
+    except OSError as exc:
+        pytest.skip(f"cannot plant a file in {home}: {exc}")
+    try:
+        code = (f"import os\nprint('listing', sorted(os.listdir({home!r})))\n"
+                f"try:\n    print(open({planted!r}).read())\n"
+                "except OSError as e:\n    print('unreadable:', type(e).__name__)")
+        result = run_checked(code)
+    finally:
+        os.remove(planted)
+    assert "unreadable: FileNotFoundError" in result.output, result.output
+    assert secret not in result.output and os.path.basename(planted) not in result.output
+    assert "'.cache'" not in result.output
+
+
+def test_a_snippet_cannot_signal_the_agent(isolated):
+    received = []
+    previous = signal.signal(signal.SIGUSR1, lambda *_: received.append(True))
+    try:
+        code = ("import os, signal\nfor sig in (0, signal.SIGUSR1):\n    try:\n"
+                f"        os.kill({os.getpid()}, sig)\n        print('reached the agent')\n"
+                "    except OSError as e:\n        print('failed:', type(e).__name__)")
+        result = run_checked(code)
+        time.sleep(0.1)
+    finally:
+        signal.signal(signal.SIGUSR1, previous)
+    assert received == [] and "reached" not in result.output, result.output
+    assert result.output.count("failed: ProcessLookupError") == 2
+
+
+def test_a_process_that_wipes_its_environment_dies_with_the_namespace(isolated):
+    # The marker scan cannot see a process that exec()s with an empty environment; the PID
+    # namespace takes it down anyway.
+    code = hostile("import os, sys, time\nif os.fork() == 0:\n    os.setsid()\n"
+                   "    if os.fork() == 0:\n"
+                   "        os.execve(sys.executable, [sys.executable, '-c', "
+                   "'import time; time.sleep(60)', 'TOKEN'], {})\n    os._exit(0)\n"
+                   "os.wait()\ntime.sleep(0.3)\nprint('escaped')")
+    token = re.search(r"TOKEN_\w+", code).group()
+    try:
+        result = run_checked(code)
+    finally:
+        for pid in processes_with(token):  # what the code before isolation leaves behind
+            os.kill(pid, signal.SIGKILL)
+    assert result.ok and result.output == "escaped\n", result
+
+
+def test_strict_mode_runs_where_isolation_is_available(isolated):
+    sandbox.set_mode("strict")
+    result = run_checked("import os\nprint(os.getpid())")
+    assert result.ok and int(result.output) < 10, result  # a small pid: its own PID namespace
+
+
+def test_without_bwrap_one_notice_then_snippets_run_as_before(no_bwrap, capsys):
+    first = run_checked(f"import os\nprint({os.getpid()} in map(int, filter(str.isdigit, "
+                        "os.listdir('/proc'))))")
+    second = run_checked("print('again')")
+    notice = capsys.readouterr().err
+    assert first.ok and first.output == "True\n"  # no PID namespace: it sees this process
+    assert second.ok and second.output == "again\n"
+    assert notice.count("\n") == 1
+    assert notice.startswith("sandbox: running snippets WITHOUT isolation")
+    assert "bubblewrap (bwrap) is not installed" in notice and "AGENTFLOW_SANDBOX=strict" in notice
+
+
+def test_mode_off_runs_without_namespaces_and_says_nothing(monkeypatch, capsys):
+    monkeypatch.setattr(isolation, "_mode", None)
+    sandbox.set_mode("off")
+    result = run_checked(f"import os\nprint(os.path.exists('/proc/{os.getpid()}'))")
+    assert result.ok and result.output == "True\n"
+    assert capsys.readouterr().err == ""
+
+
+def test_strict_mode_refuses_where_isolation_is_unavailable(no_bwrap, monkeypatch, capsys):
+    monkeypatch.setenv(isolation.MODE_VARIABLE, "strict")
+    result = run_checked("print('should not run')")
+    assert not result.ok and result.output == "" and result.returncode is None
+    assert result.error.startswith("sandbox: refusing to run a snippet without isolation")
+    assert "install bubblewrap" in result.error and "AGENTFLOW_SANDBOX=auto" in result.error
+    with pytest.raises(isolation.Unavailable, match="bubblewrap"):
+        sandbox.set_mode("strict")  # so that train.py --sandbox strict can stop before any work
+    assert capsys.readouterr().err == ""  # refused, not warned
+
+
+def test_a_mode_that_does_not_exist_raises_a_clear_error(monkeypatch):
+    monkeypatch.setattr(isolation, "_mode", None)
+    with pytest.raises(ValueError, match="one of auto, strict, off, got 'on'"):
+        sandbox.set_mode("on")
+    monkeypatch.setenv(isolation.MODE_VARIABLE, "sometimes")
+    with pytest.raises(ValueError, match="AGENTFLOW_SANDBOX must be one of auto, strict, off"):
+        run_python("print(1)")
+    with pytest.raises(ValueError, match="mode must be one of"):
+        run_python("print(1)", mode="yes")
+
+
+def test_help_exits_0():
+    done = subprocess.run([sys.executable, "-m", "environment.sandbox", "--help"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and "--bench" in done.stdout, done.stderr
+
+
+def test_bench_times_both_settings(isolated):
+    done = subprocess.run([sys.executable, "-m", "environment.sandbox", "--bench", "--calls", "2"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert "isolation off" in done.stdout and "cost of isolation" in done.stdout
