@@ -67,7 +67,7 @@ from pathlib import Path
 import torch
 from accelerate import Accelerator
 
-from environment import tasks
+from environment import scoring, tasks
 from bookkeeping.models import EMBEDDED, load_model
 from engine import HFEngine, left_pad
 from rollout import rollout
@@ -283,7 +283,7 @@ def bench(args) -> dict:
 
     # 5. One training step on the batched group: reward -> advantage -> rows -> ref log-probs -> update.
     #    The old log-probs are the sampled ones (old_logprobs=sample), as in train.py's cpu preset.
-    rewards = torch.tensor([tasks.score(tr.final_output, tr.example) for tr in trajs])
+    rewards = torch.tensor([scoring.score(tr.final_output, tr.example) for tr in trajs])
     group_of = [0] * cfg.group_size
     rows = [t for t, _ in training_rows(trajs, rewards, group_of, cfg)]
     if not rows:

@@ -31,8 +31,8 @@ results.jsonl (every question with its full trajectory, flushed as it goes) and 
 (one static page to read the turns, with a filter that shows only wrong answers).
 
 Simplifications vs. the paper / the official code:
-- Scoring is the rule-based tasks.score by default; the official evaluation asks GPT-4o. --judge
-  asks the frozen base model instead (tasks.judge), which is cheap but is a weak judge at 135M.
+- Scoring is the rule-based scoring.score by default; the official evaluation asks GPT-4o. --judge
+  asks the frozen base model instead (scoring.judge), which is cheap but is a weak judge at 135M.
 - The planner decodes greedily (--temperature 0) so that a table is reproducible; the official runs
   sample. Max turns is 10 as in the paper's evaluation; there is no 300 s wall-clock limit per query
   (every tool call has its own timeout instead).
@@ -54,7 +54,7 @@ from tqdm import tqdm
 
 import modules
 from scaleout import remote_engine
-from environment import tasks
+from environment import scoring, tasks
 from bookkeeping.models import EMBEDDED, load_model
 from engine import Generation, HFEngine
 from rollout import RolloutConfig, Trajectory, add_arguments, arg, rollout, rollout_stats
@@ -88,7 +88,7 @@ class EvalConfig(RolloutConfig):
     dtype: str = arg("auto", "weights' dtype: auto (bf16 on a GPU that supports it, else fp32), fp32, bf16")
     batch_size: int = arg(8, "questions rolled out together in lockstep")
     # scoring and output
-    judge: bool = arg(False, "score with tasks.judge on the frozen model instead of the rule-based tasks.score")
+    judge: bool = arg(False, "score with scoring.judge on the frozen model instead of the rule-based scoring.score")
     out: str = arg("", "output folder for summary.json, results.jsonl, trajectories.html (required)")
 
 
@@ -125,7 +125,7 @@ def evaluate_examples(examples, planner, frozen, cfg: RolloutConfig, mode, toolb
 
     mode "agent" rolls out AgentFlow (planner = the model under test, frozen = the base model);
     mode "direct" asks `planner` alone with modules.direct_prompt (toolbox and frozen are unused).
-    A record is scored by tasks.score, or by tasks.judge(judge_engine) when one is given, and is
+    A record is scored by scoring.score, or by scoring.judge(judge_engine) when one is given, and is
     passed to on_result(record) as soon as its batch is done (evaluate.py writes it to disk there).
     """
     if mode not in ("agent", "direct"):
@@ -148,7 +148,7 @@ def evaluate_examples(examples, planner, frozen, cfg: RolloutConfig, mode, toolb
         seconds = (time.perf_counter() - t0) / len(batch)  # the batch ran in lockstep: share its time
         for ex, tr in zip(batch, trajs):
             # Score the raw final text: both scorers extract the answer themselves, exactly once.
-            tr.reward = tasks.judge(tr.final_output, ex, judge_engine) if judge_engine else tasks.score(tr.final_output, ex)
+            tr.reward = scoring.judge(tr.final_output, ex, judge_engine) if judge_engine else scoring.score(tr.final_output, ex)
             record = {"id": ex["id"], "suite": ex.get("suite", ""), "task": ex.get("task", ""), "query": ex["query"],
                       "gold": ex["answer"], "prediction": tr.answer, "score": tr.reward, "correct": tr.reward >= 1.0,
                       "mode": mode, "turns": len(tr.turns), "stop_reason": tr.stop_reason,

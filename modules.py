@@ -23,7 +23,7 @@ a documented fallback applies:
     parse_verdict    the last "Conclusion: STOP|CONTINUE", else the last whole word STOP or CONTINUE
                      (whole words: "stopping" is not a verdict, unlike the official fallback); else
                      CONTINUE, so an undecided verifier costs a turn, bounded by max turns.
-    parse_answer     tasks.extract_answer: the last <answer>..</answer>, else \\boxed{..}, else an
+    parse_answer     scoring.extract_answer: the last <answer>..</answer>, else \\boxed{..}, else an
                      "Answer:" line, else the whole text.
 
 Simplifications vs. the official prompts:
@@ -42,7 +42,7 @@ import re
 from dataclasses import dataclass
 
 from memory import Memory
-from environment.tasks import extract_answer
+from environment.scoring import extract_answer
 from tools import TOOLS, render_for_executor, render_for_planner
 
 # ---------------------------------------------------------------------------------------------

@@ -57,7 +57,7 @@ from bookkeeping import checkpoint
 from bookkeeping.metrics import console_line, step_metrics, write_param_digest
 from bookkeeping.models import EMBEDDED, load_model
 from engine import HFEngine, left_pad
-from environment import tasks
+from environment import scoring, tasks
 from flow_grpo import (AGGREGATIONS, KL_KINDS, broadcast, entropy_from_logits, flat_groups, flow_grpo_loss,
                        group_advantages, token_logprobs, turn_rows)
 from rollout import RolloutConfig, add_arguments, arg, format_trajectory, rollout
@@ -346,7 +346,7 @@ def update(cfg, accelerator, policy, optimizer, minis, pad: int, share_prompts: 
 
 
 def train(cfg: Config, reward_fn=None, given=frozenset()) -> dict:
-    """Run Flow-GRPO; returns the last step's metrics. reward_fn(traj) -> float overrides tasks.score."""
+    """Run Flow-GRPO; returns the last step's metrics. reward_fn(traj) -> float overrides scoring.score."""
     # 0. Resume: the saved config, with what was given on the command line on top (e.g. more --steps).
     start_step, ckpt = 0, None
     if cfg.resume:
@@ -452,7 +452,7 @@ def train(cfg: Config, reward_fn=None, given=frozenset()) -> dict:
 
         # ---- 2. reward: one verifiable reward per trajectory -------------------------------------
         for tr in trajs:
-            tr.reward = float(reward_fn(tr)) if reward_fn else tasks.score(tr.final_output, tr.example)
+            tr.reward = float(reward_fn(tr)) if reward_fn else scoring.score(tr.final_output, tr.example)
         rewards = torch.tensor([tr.reward for tr in trajs])  # (N,)
 
         # ---- 3. advantage: normalised within each group of G, broadcast to every planner turn -----
@@ -507,7 +507,7 @@ def test_accuracy(cfg, policy, planner, frozen_engine, toolbox, examples, accele
         trajs = rollout([ex["query"] for ex in mine], planner, frozen_engine, toolbox,
                         dataclasses.replace(cfg, temperature=0.0), examples=mine) if mine else []
     policy.train()
-    correct = sum(tasks.score(tr.final_output, tr.example) for tr in trajs)
+    correct = sum(scoring.score(tr.final_output, tr.example) for tr in trajs)
     both = accelerator.reduce(torch.tensor([float(correct), float(len(mine))], device=accelerator.device), "sum")
     return float(both[0] / both[1].clamp(min=1))
 

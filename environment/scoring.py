@@ -52,7 +52,7 @@ import re
 import unicodedata
 from fractions import Fraction
 
-from environment.game24 import check_24, game24_numbers, score_game24  # noqa: F401 (re-exported)
+from environment.game24 import score_game24
 
 TASKS = ("exact", "choice", "game24")
 

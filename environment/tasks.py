@@ -3,7 +3,7 @@
 Two public functions, used by train.py, evaluate.py and the tests:
 
     load(name_or_path, split="test", n=None, seed=0) -> list[dict]   the examples
-    score(prediction, example) -> float in [0, 1]                     the reward (from scoring.py)
+    (the reward, score(prediction, example) -> float in [0, 1], is scoring.py's)
 
 Every example dict keeps the fields of its source and always carries these normalised keys:
     query   the exact text the agent receives
@@ -55,8 +55,8 @@ import random
 import re
 from pathlib import Path
 
-from environment.game24 import solve24
-from environment.scoring import TASKS, check_24, extract_answer, game24_numbers, infer_task, judge, score  # noqa: F401 (re-exported)
+from environment.game24 import game24_numbers, solve24
+from environment.scoring import infer_task, score
 
 BENCHMARKS = ("bamboogle", "2wiki", "hotpotqa", "musique", "aime24", "amc23", "gameof24", "medqa")
 SUITES = ("arithmetic", "game24", "lookup", "mixed")

@@ -108,7 +108,7 @@ def test_rollout_cli_prints_the_trajectory(tiny_model_dir):
 
 
 def test_an_executor_that_never_writes_a_command_ends_the_trajectory_with_reward_0_and_is_counted():
-    from environment import tasks
+    from environment import scoring
 
     class NoCommand(ScriptedEngine):
         def generate(self, chats, prefix="", **kw):
@@ -126,5 +126,5 @@ def test_an_executor_that_never_writes_a_command_ends_the_trajectory_with_reward
     [tr] = rollout(["What is 4821 * 37?"], eng, eng, Toolbox(cfg.tools, llm=eng), cfg)
     assert len(tr.turns) == 3 and tr.stop_reason == "max_turns"
     assert all(t.command == "" and t.result == "Error: the executor produced no command" for t in tr.turns)
-    assert tasks.score(tr.final_output, {"answer": "178377", "task": "exact"}) == 0.0
+    assert scoring.score(tr.final_output, {"answer": "178377", "task": "exact"}) == 0.0
     assert rollout_stats([tr])["empty_command_rate"] == 1.0

@@ -305,7 +305,7 @@ def test_suite_errors_say_what_to_change():
 def test_solver_finds_solutions_that_check_and_rejects_unsolvable_puzzles():
     for numbers in ([1, 1, 1, 8], [3, 3, 8, 8], [1, 5, 5, 5], [4, 4, 10, 10], [1, 3, 4, 6]):
         solution = game24.solve24(numbers)
-        assert solution is not None and scoring.check_24(solution, numbers), numbers
+        assert solution is not None and game24.check_24(solution, numbers), numbers
     assert game24.solve24([1, 1, 1, 1]) is None and game24.solve24([13, 13, 13, 13]) is None
 
 
