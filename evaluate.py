@@ -59,7 +59,7 @@ from bookkeeping.models import EMBEDDED, load_model
 from engine import Generation, HFEngine
 from rollout import RolloutConfig, Trajectory, add_arguments, arg, rollout, rollout_stats
 from bookkeeping.report import compare, wilson, write_html
-from tools import Toolbox
+from tools import Toolbox, set_sandbox
 from train import PRESETS
 
 
@@ -326,6 +326,7 @@ def main(argv=None):
         model_name = cfg.model
     cfg.label = cfg.label or default_label(cfg, model_name)
     device, dtype = device_and_dtype(cfg)
+    set_sandbox(cfg.sandbox)
     print("config: " + json.dumps(asdict(cfg)), flush=True)
     torch.manual_seed(cfg.seed)
 

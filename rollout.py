@@ -41,7 +41,7 @@ import modules
 from bookkeeping.models import EMBEDDED, load_model
 from engine import HFEngine
 from memory import Memory
-from tools import OFFLINE_TOOLS, Toolbox, check_tool_names, is_error
+from tools import OFFLINE_TOOLS, Toolbox, check_tool_names, is_error, set_sandbox
 
 
 def arg(default, help: str):
@@ -62,6 +62,8 @@ class RolloutConfig:
     generator_tokens: int = arg(32, "max new tokens of the final answer")
     memory_chars: int = arg(900, "budget of the rendered memory in every prompt, in characters")
     tools: str = arg(",".join(OFFLINE_TOOLS), "tools the planner may choose from, comma-separated")
+    sandbox: str = arg("", "Python_Coder's isolation: auto (namespaces where the kernel allows, else one line says "
+                           "so), strict (refuse to run without), off (a plain subprocess); '' = $AGENTFLOW_SANDBOX, else auto")
     speedups: bool = arg(False, "CPU speed-ups (speedups/): shared-prefix prefill, preallocated cache, own sampler, "
                                 "shared-prompt update; tested equal to the plain path")
 
@@ -272,6 +274,7 @@ def main(argv=None):
         tools = cfg.tool_names()
     except ValueError as e:
         p.error(str(e))
+    set_sandbox(cfg.sandbox)
     torch.manual_seed(args.seed)
     t0 = time.perf_counter()
     model, tok = load_model(args.model)

@@ -181,6 +181,14 @@ class Toolbox:
         return f"Error: {tool} needs a language model and cannot run here"
 
 
+def set_sandbox(mode: str) -> None:
+    """Apply --sandbox before any work: a bad value, or strict where isolation is unavailable, stops here."""
+    try:
+        sandbox.set_mode(mode or None)
+    except (ValueError, RuntimeError) as e:
+        raise SystemExit(f"--sandbox {mode}: {e}") from None
+
+
 def is_error(result: str) -> bool:
     """Tool results that report a failure start with 'Error:' (the convention of every tool here)."""
     return result.startswith("Error:")

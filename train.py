@@ -63,7 +63,7 @@ from flow_grpo import (AGGREGATIONS, KL_KINDS, broadcast, entropy_from_logits, f
 from rollout import RolloutConfig, add_arguments, arg, format_trajectory, rollout
 from scaleout import distributed, remote_engine, sizing
 from speedups import shared_prompt
-from tools import Toolbox
+from tools import Toolbox, set_sandbox
 
 
 @dataclass
@@ -361,6 +361,7 @@ def train(cfg: Config, reward_fn=None, given=frozenset()) -> dict:
     # processes started by torchrun (over gloo), which it does not detect by itself.
     accelerator = Accelerator(**({} if torch.cuda.is_available() else {"cpu": True}))
     validate(cfg, accelerator.num_processes)
+    set_sandbox(cfg.sandbox)  # strict where snippets cannot be isolated stops here, before any work
     rank, world = accelerator.process_index, accelerator.num_processes
     fsdp = accelerator.distributed_type == DistributedType.FSDP
     bf16 = accelerator.mixed_precision == "bf16"
