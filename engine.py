@@ -139,10 +139,9 @@ class StopAt(StoppingCriteria):
 def sampling_config(max_new_tokens: int, temperature: float, top_p: float, pad: int, eos: int) -> GenerationConfig:
     """The whole generation config, so that nothing of the model's own (Qwen2.5 ships top_k 20,
     top_p 0.8 and a repetition penalty) changes the distribution the recorded log-probs describe."""
-    sample = temperature > 0
-    return GenerationConfig(max_new_tokens=max_new_tokens, do_sample=sample, temperature=temperature if sample else 1.0,
-                            top_k=0, top_p=top_p if sample else 1.0, repetition_penalty=1.0, pad_token_id=pad,
-                            eos_token_id=eos)
+    sampling = dict(do_sample=True, temperature=temperature, top_k=0, top_p=top_p) if temperature > 0 else {}
+    return GenerationConfig(max_new_tokens=max_new_tokens, repetition_penalty=1.0, pad_token_id=pad, eos_token_id=eos,
+                            **sampling)
 
 
 class HFEngine:

@@ -38,13 +38,13 @@ def sample(model, prompts, pad, eos, max_new_tokens, temperature, top_p, stopper
         prepared = input_ids, attention, decode_cache(model, input_ids.shape[1] + max_new_tokens)
     input_ids, attention, cache = prepared  # (B, W), (B, W), a cache of every token but each row's last
     sampler = Sample(temperature, top_p)
+    config = sampling_config(max_new_tokens, 0.0, 1.0, pad, eos)  # greedy: Sample has picked every token
+    # With a preallocated cache, Hugging Face would torch.compile the forward on a GPU, and compile
+    # again for every new batch shape; rollout shapes change at every call.
+    config.disable_compile = True
     out = model.generate(
-        input_ids=input_ids.to(device), attention_mask=attention.to(device), cache=cache,
-        generation_config=sampling_config(max_new_tokens, 0.0, 1.0, pad, eos),  # greedy: Sample has picked
+        input_ids=input_ids.to(device), attention_mask=attention.to(device), cache=cache, generation_config=config,
         logits_processor=LogitsProcessorList([sampler]), stopping_criteria=StoppingCriteriaList([stopper]),
-        # With a preallocated cache, Hugging Face would torch.compile the forward on a GPU, and
-        # compile again for every new batch shape; rollout shapes change at every call.
-        disable_compile=True,
     )
     logprobs = sampler.logprobs()
     return out[:, input_ids.shape[1]:].cpu(), None if logprobs is None else logprobs.cpu()
