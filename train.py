@@ -36,7 +36,6 @@ Test:  python -m pytest -q tests/test_train.py
 """
 
 import argparse
-import contextlib
 import dataclasses
 import hashlib
 import json
@@ -136,6 +135,24 @@ PRESETS = {
                   temperature=0.7, gradient_checkpointing=True, old_logprobs="recompute",
                   analysis_tokens=256, planner_tokens=256, executor_tokens=512, verifier_tokens=64,
                   generator_tokens=512, memory_chars=16000, micro_batch_rows=4, steps=500, checkpoint_every=25),
+    # One GPU: the paper's recipe (G = 8, clip 0.2/0.3, beta 0.001 low_var_kl, 3 turns, temperature 0.7,
+    # old log-probs recomputed in bf16) at small scale, on the offline mixed suite, with the greedy test
+    # accuracy every 10 steps and before step 1, so the learning curve is the result. Fewer questions
+    # a step (8) and shorter replies than the paper keep a step at a few hundred decode steps per
+    # module; the learning rate is raised for the smaller models and the fewer steps. Launch with
+    # configs/accelerate_1gpu.yaml (bf16); `--dry-run` prints the memory estimate. Not yet run on a GPU.
+    "gpu-24gb": dict(model="Qwen/Qwen2.5-0.5B-Instruct", data="mixed", group_size=8, questions_per_step=8,
+                     mini_batch_questions=4, lr=2e-6, clip_low=0.2, clip_high=0.3, kl_coef=0.001,
+                     kl_kind="low_var_kl", max_turns=3, temperature=0.7, old_logprobs="recompute",
+                     analysis_tokens=96, planner_tokens=96, executor_tokens=192, verifier_tokens=24,
+                     generator_tokens=96, memory_chars=3000, micro_batch_rows=4, steps=60, eval_every=10,
+                     eval_n=100, checkpoint_every=10),
+    "gpu-80gb": dict(model="Qwen/Qwen2.5-1.5B-Instruct", data="mixed", group_size=8, questions_per_step=8,
+                     mini_batch_questions=4, lr=1e-6, clip_low=0.2, clip_high=0.3, kl_coef=0.001,
+                     kl_kind="low_var_kl", max_turns=3, temperature=0.7, old_logprobs="recompute",
+                     gradient_checkpointing=True, analysis_tokens=128, planner_tokens=128, executor_tokens=256,
+                     verifier_tokens=32, generator_tokens=128, memory_chars=6000, micro_batch_rows=8, steps=60,
+                     eval_every=10, eval_n=100, checkpoint_every=10),
 }
 
 
@@ -308,9 +325,10 @@ def update(cfg, accelerator, policy, optimizer, minis, pad: int, share_prompts: 
             chunks = distributed.even_out(micro_batches(mini, cfg.micro_batch_rows, share_prompts), accelerator)
             loss_sum = 0.0
             for i, (chunk, shared, real) in enumerate(chunks):
-                # Accumulate: no gradient all-reduce until the last micro-batch of this mini-batch.
-                sync = i == len(chunks) - 1
-                with contextlib.nullcontext() if sync else accelerator.no_sync(policy), accelerator.autocast():
+                # Accumulate: no gradient all-reduce until the last micro-batch of this mini-batch (under
+                # FSDP every micro-batch reduce-scatters, so no full gradient is held: distributed.py).
+                last = i == len(chunks) - 1
+                with distributed.accumulation_context(accelerator, policy, last), accelerator.autocast():
                     logits, batch, tokens = forward(policy, chunk, shared, pad, accelerator.device)  # (B, R, V)
                     logp = token_logprobs(logits, batch["targets"], cfg.temperature)  # (B, R)
                     loss, st = flow_grpo_loss(logp, batch, cfg, normaliser)  # = -J for these rows
@@ -345,8 +363,10 @@ def update(cfg, accelerator, policy, optimizer, minis, pad: int, share_prompts: 
 # The loop
 
 
-def train(cfg: Config, reward_fn=None, given=frozenset()) -> dict:
-    """Run Flow-GRPO; returns the last step's metrics. reward_fn(traj) -> float overrides scoring.score."""
+def train(cfg: Config, reward_fn=None, given=frozenset(), accelerator=None) -> dict:
+    """Run Flow-GRPO; returns the last step's metrics. reward_fn(traj) -> float overrides scoring.score.
+    `accelerator`: one made by the caller (tests/fsdp_driver.py passes an Accelerate-like one that wraps
+    with torch's FSDP on CPU processes, which Accelerate refuses without a GPU); default: the launcher's."""
     # 0. Resume: the saved config, with what was given on the command line on top (e.g. more --steps).
     start_step, ckpt = 0, None
     if cfg.resume:
@@ -359,7 +379,7 @@ def train(cfg: Config, reward_fn=None, given=frozenset()) -> dict:
     # Device, precision and processes are the launcher's (accelerate launch, its config file, --mixed_precision).
     # Only on a machine without a GPU do we say cpu=True: Accelerate then also sets up several CPU
     # processes started by torchrun (over gloo), which it does not detect by itself.
-    accelerator = Accelerator(**({} if torch.cuda.is_available() else {"cpu": True}))
+    accelerator = accelerator or Accelerator(**({} if torch.cuda.is_available() else {"cpu": True}))
     validate(cfg, accelerator.num_processes)
     set_sandbox(cfg.sandbox)  # strict where snippets cannot be isolated stops here, before any work
     rank, world = accelerator.process_index, accelerator.num_processes
@@ -395,7 +415,11 @@ def train(cfg: Config, reward_fn=None, given=frozenset()) -> dict:
 
     # 1. Models: the trainable planner, and ONE frozen copy of the initial weights (executor, verifier,
     #    generator, Base_Generator and the KL reference).
-    policy, tokenizer = load_model(str(ckpt / "planner") if ckpt else cfg.model, device=accelerator.device)
+    #    Under FSDP the fp32 policy stays in CPU memory until prepare() shards it onto the GPU unit by
+    #    unit (Accelerate passes device_id, and broadcasts rank 0's weights with sync_module_states);
+    #    a whole fp32 copy on every GPU first would need P x 4 B each (28 GiB at 7B) before sharding.
+    policy, tokenizer = load_model(str(ckpt / "planner") if ckpt else cfg.model,
+                                   device="cpu" if fsdp else accelerator.device)
     frozen, _ = load_model(cfg.model, dtype=torch.bfloat16 if bf16 else torch.float32, device=accelerator.device)
     frozen.requires_grad_(False)
     if cfg.gradient_checkpointing:
@@ -418,7 +442,9 @@ def train(cfg: Config, reward_fn=None, given=frozenset()) -> dict:
     if accelerator.is_main_process:
         print(sizing.report_for(cfg, world, fsdp, bf16), file=sys.stderr)
     tools = cfg.tool_names()
-    planner = HFEngine(accelerator.unwrap_model(policy), tokenizer, speedups=cfg.speedups)
+    # The planner generates with the policy itself, or under FSDP with a plain instance that shares the
+    # gathered weights during a rollout, so that no rank's decoding waits on another's (distributed.py).
+    planner = HFEngine(distributed.generation_model(accelerator, policy), tokenizer, speedups=cfg.speedups)
     # With --frozen-engine the executor, verifier, generator and Base_Generator run on a server; the
     # local frozen copy then only serves as the KL reference pi_ref.
     frozen_engine = remote or HFEngine(frozen, tokenizer, speedups=cfg.speedups)
@@ -445,7 +471,7 @@ def train(cfg: Config, reward_fn=None, given=frozenset()) -> dict:
         questions = questions_for_step(examples, cfg, step, rank, world)
         group_of = [g for g in range(len(questions)) for _ in range(cfg.group_size)]  # (N,) question of each trajectory
         policy.eval()
-        with distributed.full_weights(accelerator, policy):
+        with distributed.full_weights(accelerator, policy, planner.model):
             trajs = rollout([questions[g]["query"] for g in group_of], planner, frozen_engine, toolbox, cfg,
                             examples=[questions[g] for g in group_of])
         policy.train()
@@ -466,10 +492,11 @@ def train(cfg: Config, reward_fn=None, given=frozenset()) -> dict:
         if cfg.kl_coef > 0:
             fill_logprobs(frozen, trained, "ref_logp", cfg, accelerator, cfg.speedups and world == 1, pad)
         if cfg.old_logprobs == "recompute":
+            # The prepared policy itself, under the update's autocast: pi_old from the very kernels (and,
+            # under FSDP, the same per-layer all-gathers, as many on every rank) that the update runs.
             policy.eval()
-            with distributed.full_weights(accelerator, policy):
-                fill_logprobs(accelerator.unwrap_model(policy), trained, "logprobs", cfg, accelerator,
-                              cfg.speedups and world == 1, pad)
+            with accelerator.autocast():
+                fill_logprobs(policy, trained, "logprobs", cfg, accelerator, cfg.speedups and world == 1, pad)
             policy.train()
 
         # ---- 5. loss and optimiser steps: one step per mini-batch, gradients accumulated ---------
@@ -494,17 +521,19 @@ def train(cfg: Config, reward_fn=None, given=frozenset()) -> dict:
                 checkpoint.save(out, step, accelerator.unwrap_model(policy), tokenizer, optimizer, dataclasses.asdict(cfg),
                                 state_dict=weights)
             accelerator.wait_for_everyone()
-    write_param_digest(out, accelerator.unwrap_model(policy), rank)
+    with distributed.full_weights(accelerator, policy, planner.model):  # under FSDP: the whole weights, not a shard
+        write_param_digest(out, planner.model, rank)
     accelerator.end_training()
     return metrics
 
 
 def test_accuracy(cfg, policy, planner, frozen_engine, toolbox, examples, accelerator) -> float:
     """Greedy accuracy of the current planner on fixed test questions. Every process takes its share
-    of the questions (under FSDP every rank must run the same generation collectives anyway)."""
+    of the questions; under FSDP every rank enters full_weights (a collective) even with none, and
+    generates with no collective of its own, however long its questions take."""
     mine = examples[accelerator.process_index::accelerator.num_processes]
     policy.eval()
-    with distributed.full_weights(accelerator, policy):
+    with distributed.full_weights(accelerator, policy, planner.model):
         trajs = rollout([ex["query"] for ex in mine], planner, frozen_engine, toolbox,
                         dataclasses.replace(cfg, temperature=0.0), examples=mine) if mine else []
     policy.train()

@@ -76,7 +76,7 @@ def _f(value, spec: str) -> str:
 
 
 def console_line(m: dict, steps: int) -> str:
-    short = {"Python_Coder": "py", "Local_Search": "search", "Wikipedia_Search": "wiki", "Base_Generator": "llm", "(none)": "invalid"}
+    short = {"Python_Coder": "py", "Local_Search": "search", "Fact_Lookup": "facts", "Wikipedia_Search": "wiki", "Base_Generator": "llm", "(none)": "invalid"}
     tools = " ".join(f"{short.get(t, t)} {c}/{m['tool_errors'][t]}" for t, c in m["tool_calls"].items() if c)
     return " | ".join([
         f"step {m['step']}/{steps}", f"reward {m['reward_mean']:.3f}", f"acc {m['accuracy']:.3f}",
@@ -93,6 +93,8 @@ def write_param_digest(out: Path, model, rank: int):
     h = hashlib.sha256()
     for name, p in sorted(model.state_dict().items()):
         h.update(name.encode())
-        h.update(p.detach().float().cpu().numpy().tobytes())
+        # A copy: numpy() of the tensor itself would pin its storage, and under FSDP these are the
+        # gathered weights, whose storage FSDP frees (resizes to 0) when the summon ends.
+        h.update(p.detach().float().cpu().clone().numpy().tobytes())
     out.mkdir(parents=True, exist_ok=True)
     (out / f"params-rank{rank}.sha256").write_text(h.hexdigest() + "\n")

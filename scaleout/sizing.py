@@ -5,24 +5,36 @@ user knows before launching whether Qwen2.5-7B-Instruct fits on their GPUs. The 
 from a local model folder's config.json, or from the table of known architectures below: nothing is
 downloaded.
 
-Per GPU, with P parameters, W GPUs and FSDP full sharding (DDP: nothing is sharded):
+Per GPU, with P parameters, W GPUs and FSDP full sharding (DDP and one GPU: nothing is sharded):
 
     policy weights       P x 4 B (fp32: Accelerate's bf16 autocast computes in bf16 but keeps
                          the trained weights in fp32)                               / W with FSDP
-    gradients            P x 4 B (fp32)                                             / W
-    AdamW states         P x 8 B (exp_avg and exp_avg_sq, fp32)                     / W
-    frozen copy          P x 2 B (bf16, no gradients): executor, verifier, generator, KL reference
-    activations          per micro-batch row of L tokens: L x hidden x layers x ~18 B without
-                         gradient checkpointing (attention and MLP intermediates, bf16), and
-                         L x hidden x layers x 2 B with it (one saved input per layer)
-    logits               rows x R x vocab x 4 B (fp32 log-softmax over the response positions only)
-    rollout KV cache     rows x L x layers x 2 x kv_heads x head_dim x 2 B
-    gathered weights     P x 4 B under FSDP, while the rollout runs (summon_full_params)
+    gradients            P x 4 B (fp32)                                             / W with FSDP
+                         (train.py accumulates under FSDP WITHOUT no_sync: every micro-batch
+                         reduce-scatters, so no rank ever holds the full unsharded gradient, which
+                         no_sync would keep on every GPU, P x 4 B = 28 GiB at 7B; scaleout/distributed.py)
+    AdamW states         P x 8 B (exp_avg and exp_avg_sq, fp32)                     / W with FSDP
+    frozen copy          P x 2 B in bf16 (P x 4 B in fp32), no gradients, never sharded: executor,
+                         verifier, generator, Base_Generator, KL reference
+    activations          per micro-batch row of L tokens, in bf16 (twice that in fp32):
+                         L x layers x (10 x hidden + 4 x intermediate) x 2 B without gradient
+                         checkpointing (attention's q, k, v, output and norms; the MLP's gate, up,
+                         activation and product), L x layers x hidden x 2 B with it (one saved
+                         input per layer; the layer being recomputed adds one layer's worth)
+    logits               rows x R x vocab x 4 B x 2 (fp32 log-softmax over the response positions
+                         only, and its gradient)
+    rollout KV cache     rows x L x layers x 2 x kv_heads x head_dim x 2 B (4 B in fp32), for at most 16 rows:
+                         the engine generates 16 rows a call (engine.HFEngine.max_batch), however
+                         many trajectories the step rolls out
+    gathered weights     P x 4 B under FSDP, while the rollout runs (summon_full_params gathers the
+                         fp32 weights; the planner generates on them, scaleout/distributed.py)
 
 The update and the rollout do not overlap, so the peak is the held states plus the larger phase.
+Sizes are in GiB (1024^3 bytes), the unit nvidia-smi and torch.cuda report in.
 
-These are estimates (the allocator, CUDA context and fragmentation add 1-3 GB); they are meant to
-tell 20 GB from 200 GB, not to predict to the gigabyte.
+These are estimates (the allocator, CUDA context and fragmentation add 1-3 GiB); they are meant to
+tell 20 GiB from 200 GiB, not to predict to the gigabyte. None has been checked against a real GPU's
+peak here (no GPU in this project's sessions so far).
 
 Test: python -m pytest -q tests/test_scaling.py
 """
@@ -30,10 +42,13 @@ Test: python -m pytest -q tests/test_scaling.py
 import json
 from pathlib import Path
 
-GB = 1024**3
+GIB = 1024**3
 
 # Known architectures, from their published config.json files (read once; nothing is downloaded).
 KNOWN = {
+    "Qwen/Qwen2.5-0.5B-Instruct": dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
+                                       num_attention_heads=14, num_key_value_heads=2, vocab_size=151936,
+                                       tie_word_embeddings=True),
     "Qwen/Qwen2.5-7B-Instruct": dict(hidden_size=3584, intermediate_size=18944, num_hidden_layers=28,
                                      num_attention_heads=28, num_key_value_heads=4, vocab_size=152064,
                                      tie_word_embeddings=False),
@@ -76,14 +91,16 @@ def parameter_count(a: dict) -> int:
 
 
 def estimate(model: str, gpus: int = 1, sharded: bool = False, bf16: bool = True, checkpointing: bool = True,
-             micro_rows: int = 8, row_tokens: int = 4096, response_tokens: int = 512, rollout_rows: int = 64) -> dict:
-    """Estimated GB per GPU for one training step; see the module docstring for each term."""
+             micro_rows: int = 8, row_tokens: int = 4096, response_tokens: int = 512, rollout_rows: int = 16) -> dict:
+    """Estimated GiB per GPU for one training step; see the module docstring for each term."""
     a = architecture(model)
     p = parameter_count(a)
     shard = gpus if sharded else 1
     h, layers = a["hidden_size"], a["num_hidden_layers"]
     head_dim = h // a["num_attention_heads"]
-    act_per_token = h * layers * (2 if checkpointing else 18)
+    width = 2 if bf16 else 4  # bytes of an activation or a cached key/value: bf16 under autocast, else fp32
+    saved = h if checkpointing else 10 * h + 4 * a["intermediate_size"]  # values kept per token and layer
+    act_per_token = layers * saved * width
     states = {  # held for the whole run
         "policy_weights": p * 4 / shard,
         "gradients": p * 4 / shard,
@@ -96,15 +113,15 @@ def estimate(model: str, gpus: int = 1, sharded: bool = False, bf16: bool = True
     }
     rollout = {  # only during the rollout; under FSDP the shards are gathered into full fp32 weights
         "rollout_full_weights": (p * 4) if sharded and gpus > 1 else 0,
-        "rollout_kv_cache": rollout_rows * row_tokens * layers * 2 * a["num_key_value_heads"] * head_dim * 2,
+        "rollout_kv_cache": rollout_rows * row_tokens * layers * 2 * a["num_key_value_heads"] * head_dim * width,
     }
-    gb = {k: v / GB for k, v in {**states, **update, **rollout}.items()}
-    held = sum(states.values()) / GB
-    gb["peak_update"] = held + sum(update.values()) / GB
-    gb["peak_rollout"] = held + sum(rollout.values()) / GB
-    gb["total"] = max(gb["peak_update"], gb["peak_rollout"])
-    gb["parameters_billion"] = p / 1e9
-    return gb
+    gib = {k: v / GIB for k, v in {**states, **update, **rollout}.items()}
+    held = sum(states.values()) / GIB
+    gib["peak_update"] = held + sum(update.values()) / GIB
+    gib["peak_rollout"] = held + sum(rollout.values()) / GIB
+    gib["total"] = max(gib["peak_update"], gib["peak_rollout"])
+    gib["parameters_billion"] = p / 1e9
+    return gib
 
 
 def report(model: str, **kw) -> str:
@@ -114,10 +131,10 @@ def report(model: str, **kw) -> str:
     lines = [f"memory estimate for {model} ({e['parameters_billion']:.2f} B parameters), per GPU, {where}:"]
     for k, v in e.items():
         if k not in ("total", "parameters_billion", "peak_update", "peak_rollout"):
-            lines.append(f"  {k:<20} {v:8.2f} GB")
-    lines.append(f"  {'peak in the update':<20} {e['peak_update']:8.2f} GB")
-    lines.append(f"  {'peak in the rollout':<20} {e['peak_rollout']:8.2f} GB")
-    lines.append(f"  {'total (the larger)':<20} {e['total']:8.2f} GB  (+1-3 GB allocator and CUDA context)")
+            lines.append(f"  {k:<20} {v:8.2f} GiB")
+    lines.append(f"  {'peak in the update':<20} {e['peak_update']:8.2f} GiB")
+    lines.append(f"  {'peak in the rollout':<20} {e['peak_rollout']:8.2f} GiB")
+    lines.append(f"  {'total (the larger)':<20} {e['total']:8.2f} GiB  (+1-3 GiB allocator and CUDA context)")
     return "\n".join(lines)
 
 
