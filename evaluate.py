@@ -4,6 +4,7 @@
     python evaluate.py --data mixed --n 100 --mode direct --out runs/eval/direct
     python evaluate.py --data mixed --n 100 --checkpoint runs/r1/checkpoints/step-000100 --out runs/eval/trained
     python evaluate.py --data mixed --n 100 --fixed-tool Python_Coder --out runs/eval/fixed
+    python evaluate.py --data planning --n 100 --preset cpu-demo --oracle --out runs/eval/oracle
     python evaluate.py --compare runs/eval/direct runs/eval/agentflow runs/eval/trained [--json table.json]
 
 Two systems are measured on the same questions:
@@ -16,7 +17,10 @@ Two systems are measured on the same questions:
   frozen modules from the base model it was trained with (state.json's config.model).
 
 A third system is a baseline for what training can learn: --fixed-tool NAME replaces the planner by a
-rule (FixedPlan) that calls NAME every turn with the question as the sub-goal.
+rule (FixedPlan) that calls NAME every turn with the question as the sub-goal; --oracle replaces it by
+the oracle router (OraclePlan): each question's right tools, named by its example, in order, with the
+question as the sub-goal: the ceiling of routing alone. --compare's last column is the last system
+minus each other one, paired on the same questions (bookkeeping/report.py: paired_difference).
 
 Accuracy is a proportion k/n, so each number comes with a 95% Wilson score interval (ASCII math):
 
@@ -42,6 +46,7 @@ Test: python -m pytest -q tests/test_evaluate.py
 
 import argparse
 import json
+import re
 import sys
 import time
 from collections import Counter
@@ -83,6 +88,8 @@ class EvalConfig(RolloutConfig):
     frozen_model: str = arg("", "with --checkpoint: the frozen modules' model (default: state.json's, else embedded)")
     frozen_engine: str = arg("", "URL of an OpenAI-compatible server (http://host:port/v1[#model]) for the executor, verifier, generator, Base_Generator and judge")
     fixed_tool: str = arg("", "agent mode: replace the planner by a rule, this tool every turn with the question as the sub-goal")
+    oracle: bool = arg(False, "agent mode: replace the planner by the oracle router, each question's own tools (its "
+                              "'tools' field, in order) with the question as the sub-goal: the ceiling of routing alone")
     label: str = arg("", "system name in tables (default: from mode and model/checkpoint)")
     device: str = arg("auto", "torch device of the models: auto (cuda when there is one, else cpu), cpu, cuda")
     dtype: str = arg("auto", "weights' dtype: auto (bf16 on a GPU that supports it, else fp32), fp32, bf16")
@@ -117,6 +124,31 @@ class FixedPlan:
 
     def generate(self, chats, **kwargs) -> list[Generation]:
         return [Generation(" " + self.tool, [], [], []) for _ in chats]
+
+
+class OraclePlan:
+    """The oracle router: for each question the tools its example names (the "tools" field, in order;
+    the last one again on later turns), with the question as the sub-goal and no context.
+
+    The ceiling of routing alone: what a planner reaches that picks the right tool for every
+    question but writes nothing of its own. It reads which question and which turn a planner prompt
+    is for from the prompt itself ("Question: ..." and the "Step k:" lines of the memory).
+    """
+
+    tokens_generated = 0
+
+    def __init__(self, examples):
+        self.tools_of = {ex["query"]: list(ex["tools"]) for ex in examples}
+
+    def generate(self, chats, **kwargs) -> list[Generation]:
+        out = []
+        for chat in chats:
+            text = chat[-1]["content"]
+            query = next((q for q in self.tools_of if text.startswith(f"Question: {q}\n")), "")
+            done = max([int(k) for k in re.findall(r"^Step (\d+):", text, flags=re.M)], default=0)
+            tools = self.tools_of.get(query) or ["(no oracle tool)"]
+            out.append(Generation(" " + tools[min(done, len(tools) - 1)], [], [], []))
+        return out
 
 
 def evaluate_examples(examples, planner, frozen, cfg: RolloutConfig, mode, toolbox, batch_size,
@@ -238,6 +270,8 @@ def default_label(cfg: EvalConfig, model_name: str) -> str:
         name = "SmolLM2-135M-Instruct" if model_name in (EMBEDDED, "") else Path(model_name.rstrip("/")).name
     if cfg.fixed_tool:
         return f"AgentFlow ({name}), fixed plan: {cfg.fixed_tool}"
+    if cfg.oracle:
+        return f"AgentFlow ({name}), oracle router"
     return f"AgentFlow ({name})" if cfg.mode == "agent" else f"{name} alone"
 
 
@@ -281,6 +315,8 @@ def parse_args(argv=None) -> tuple[EvalConfig, argparse.Namespace]:
     if cfg.fixed_tool and (cfg.mode != "agent" or cfg.checkpoint or cfg.fixed_tool not in tools):
         parser.error(f"--fixed-tool takes one of --tools ({', '.join(tools)}), in --mode agent, without "
                      f"--checkpoint (it replaces the planner); got {cfg.fixed_tool!r}")
+    if cfg.oracle and (cfg.mode != "agent" or cfg.checkpoint or cfg.fixed_tool):
+        parser.error("--oracle replaces the planner: --mode agent, without --checkpoint or --fixed-tool")
     return cfg, args
 
 
@@ -318,6 +354,9 @@ def main(argv=None):
         raise SystemExit(f"evaluate.py: error: --data {cfg.data} holds no examples")
     if len(examples) < cfg.n:
         print(f"note: {cfg.data} has only {len(examples)} examples; evaluating those", file=sys.stderr)
+    if cfg.oracle and not all(isinstance(ex.get("tools"), list) and ex["tools"] for ex in examples):
+        raise SystemExit(f"evaluate.py: error: --oracle needs a 'tools' field (the right tools, in order) in every "
+                         f"example; --data {cfg.data} lacks it (the planning suite has it)")
     if cfg.checkpoint:
         planner_path, base = resolve_checkpoint(cfg.checkpoint)
         cfg.frozen_model = cfg.frozen_model or base or EMBEDDED
@@ -332,7 +371,7 @@ def main(argv=None):
 
     # 2. Engines: one for --model; a planner and a frozen one for --checkpoint (frozen only if used).
     t0 = time.perf_counter()
-    planner = HFEngine(*load_model(model_name, dtype=dtype, device=device), speedups=cfg.speedups)
+    planner = HFEngine(*load_model(model_name, dtype=dtype, device=device), speedups=cfg.speedups, max_batch=cfg.max_batch)
     frozen = planner
     if cfg.frozen_engine and (cfg.mode == "agent" or cfg.judge):
         try:
@@ -340,9 +379,12 @@ def main(argv=None):
         except (ValueError, RuntimeError) as e:
             raise SystemExit(f"evaluate.py: error: --frozen-engine: {e}") from None
     elif cfg.checkpoint and (cfg.mode == "agent" or cfg.judge):
-        frozen = HFEngine(*load_model(cfg.frozen_model, dtype=dtype, device=device), speedups=cfg.speedups)
+        frozen = HFEngine(*load_model(cfg.frozen_model, dtype=dtype, device=device), speedups=cfg.speedups,
+                          max_batch=cfg.max_batch)
     if cfg.fixed_tool:
         planner = FixedPlan(cfg.fixed_tool)
+    elif cfg.oracle:
+        planner = OraclePlan(examples)
     print(f"models loaded in {time.perf_counter() - t0:.1f} s on {device} in {str(dtype).removeprefix('torch.')}", file=sys.stderr)
 
     # 3. Run, writing each record as soon as its batch is scored (a crash keeps what was done).

@@ -22,6 +22,8 @@ so the loss mask is simply the planner's own response tokens).
 
 Simplifications vs. the official code:
 - The verifier is not called after the last allowed turn: its verdict could not change anything.
+  `verify` off (the CPU demo) skips it altogether: every trajectory runs max_turns turns.
+- A tool of kind "sub-goal" (Fact_Lookup) takes the planner's sub-goal as its command: no executor call.
 - Frozen modules decode greedily (temperature 0) so that the reward varies with the planner's choices,
   not with executor/generator sampling noise. The planner samples at `temperature`.
 - Every module's reply starts with a forced prefix that pins its format (modules.py); for the planner
@@ -41,7 +43,7 @@ import modules
 from bookkeeping.models import EMBEDDED, load_model
 from engine import HFEngine
 from memory import Memory
-from tools import OFFLINE_TOOLS, Toolbox, check_tool_names, is_error, set_sandbox
+from tools import OFFLINE_TOOLS, TOOLS, Toolbox, check_tool_names, is_error, set_sandbox
 
 
 def arg(default, help: str):
@@ -61,6 +63,8 @@ class RolloutConfig:
     verifier_tokens: int = arg(12, "max new tokens of a verifier verdict")
     generator_tokens: int = arg(32, "max new tokens of the final answer")
     memory_chars: int = arg(900, "budget of the rendered memory in every prompt, in characters")
+    verify: bool = arg(True, "ask the verifier after every turn but the last (off: every trajectory runs max_turns turns)")
+    max_batch: int = arg(16, "rows per batched generate call of an engine; more prompts are split into chunks")
     tools: str = arg(",".join(OFFLINE_TOOLS), "tools the planner may choose from, comma-separated")
     sandbox: str = arg("", "Python_Coder's isolation: auto (namespaces where the kernel allows, else one line says "
                            "so), strict (refuse to run without), off (a plain subprocess); '' = $AGENTFLOW_SANDBOX, else auto")
@@ -170,6 +174,10 @@ def rollout(queries, planner, frozen, toolbox: Toolbox, cfg: RolloutConfig, exam
         # 3. Executor: commands for the valid actions (an invalid action skips straight to an error step).
         t0 = time.perf_counter()
         need = [tr for tr in live if tr.turns[-1].valid_action]
+        for tr in need:  # a "sub-goal" tool (Fact_Lookup) takes the planner's sub-goal as its command
+            if TOOLS[tr.turns[-1].tool].kind == "sub-goal":
+                tr.turns[-1].command = tr.turns[-1].sub_goal.strip()
+        need = [tr for tr in need if TOOLS[tr.turns[-1].tool].kind != "sub-goal"]
         for tool in sorted({tr.turns[-1].tool for tr in need}):  # one batched call per tool (its own prefix)
             rows = [tr for tr in need if tr.turns[-1].tool == tool]
             chats = [modules.executor_prompt(tr.query, tool, tr.turns[-1].sub_goal, tr.turns[-1].context) for tr in rows]
@@ -191,8 +199,11 @@ def rollout(queries, planner, frozen, toolbox: Toolbox, cfg: RolloutConfig, exam
             tr.memory.add(turn.tool or "(none)", turn.sub_goal, turn.command, result)
         _tick(live, "tools", t0)
 
-        # 5. Verifier: STOP ends a trajectory. Skipped after the last turn (the loop ends anyway).
-        if t == cfg.max_turns:
+        # 5. Verifier: STOP ends a trajectory. Skipped after the last turn (the loop ends anyway), and
+        #    with verify off (every trajectory then runs max_turns turns).
+        if t == cfg.max_turns or not cfg.verify:
+            if t < cfg.max_turns:
+                continue
             for tr in live:
                 tr.stop_reason = "max_turns"
             break

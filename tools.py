@@ -4,6 +4,7 @@ A tool is a name, metadata that goes into the prompts, and a way to run a comman
 
     Python_Coder      the executor writes a Python program; sandbox.py runs it in a separate process
     Local_Search      BM25 over the shipped corpus of fictional encyclopedia articles (search.py)
+    Fact_Lookup       one fact of that fictional world as one labelled line, "founder of X: Y" (facts.py)
     Wikipedia_Search  the real MediaWiki API over HTTP (search.py); needs a network, so opt-in
     Base_Generator    the frozen LLM answers the command directly
 
@@ -34,8 +35,7 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
 from functools import lru_cache
 
-from environment import sandbox
-from environment import search
+from environment import facts, sandbox, search
 
 
 @dataclass(frozen=True)
@@ -47,7 +47,8 @@ class Tool:
     input: str  # what the command must be
     output: str  # what comes back
     limitations: str  # when not to use it (the planner reads this too)
-    kind: str  # "code" (a fenced Python program) or "text" (a one-line command)
+    kind: str  # "code" (a fenced Python program), "text" (a one-line command), or "sub-goal" (the
+    #            planner's sub-goal is the command as written: no executor call)
 
 
 TOOLS = {
@@ -68,6 +69,18 @@ TOOLS = {
             "the best matching articles",
             "only its own articles; cannot calculate",
             "text",
+        ),
+        Tool(
+            "Fact_Lookup",
+            "looks up one fact (a year, city, country, population, profession, founder, inventor or maker) "
+            "of a person, city, company or invention of the encyclopedia",
+            "the planner's sub-goal, as written: what to find and the name it is about",
+            "that one fact in one line",
+            "one fact per call; cannot calculate",
+            # No executor: asked for this tool's input, the frozen 135M executor copied the card's own
+            # words ("What to find and the name it is about") or wrote digits for 14 of 24 questions;
+            # the sub-goal itself names the entity and the fact, so the planner decides what is asked.
+            "sub-goal",
         ),
         Tool(
             "Wikipedia_Search",
@@ -176,6 +189,8 @@ class Toolbox:
             return sandbox.run_python(command, timeout=self.python_timeout).as_text()
         if tool == "Local_Search":
             return local_search().search(command, k=self.search_k)
+        if tool == "Fact_Lookup":
+            return facts.lookup(command)
         if tool == "Wikipedia_Search":
             return search.wikipedia_search(command, base_url=self.wiki_url, k=self.search_k, timeout=self.tool_timeout / 3)
         return f"Error: {tool} needs a language model and cannot run here"

@@ -111,16 +111,19 @@ class Config(RolloutConfig):
 
 # Named sets of defaults. A field given on the command line wins over the preset.
 PRESETS = {
-    # demo.py's training run on 2 CPU cores: the embedded 135M model, the offline mixed suite, G = 8,
-    # four questions a step, short replies. The reward is sparse here: with 2 questions a step at
-    # temperature 0.7, 93% of the groups had all-equal rewards (the planner's 8 samples mostly agreed,
-    # and lookup and Game of 24 pay nothing at 135M), so only 4 of 30 steps had any signal. Hence
-    # temperature 1.0 (more varied samples), filter_groups (no update time spent on groups without
-    # signal) and a higher learning rate for the fewer optimiser steps.
-    "cpu-demo": dict(model=EMBEDDED, data="mixed", group_size=8, questions_per_step=4, mini_batch_questions=4,
-                     max_turns=2, analysis_tokens=0, planner_tokens=24, executor_tokens=32, verifier_tokens=6,
-                     generator_tokens=16, memory_chars=500, temperature=1.0, filter_groups=True, lr=2e-5, steps=30,
-                     eval_every=10, eval_n=20, checkpoint_every=10, speedups=True),
+    # demo.py's training run on 2 CPU cores: the embedded 135M model on the planning suite (calculations,
+    # facts, two-step questions: environment/planning.py), G = 8, four questions a step. The tools the
+    # planner chooses from: Python_Coder and Fact_Lookup each pay for their own kind of question,
+    # Local_Search and Base_Generator pay for neither at 135M. No verifier (verify off): the 135M
+    # verifier said STOP after 72 of 72 first steps with three prompts, so a two-step question never
+    # got its second step; every trajectory takes both turns. Temperature 1.0 (at 0.7 the planner's 8
+    # samples mostly agreed), filter_groups (no update time on groups without signal), a higher
+    # learning rate for the few optimiser steps, and all 32 trajectories in one generate call.
+    "cpu-demo": dict(model=EMBEDDED, data="planning", tools="Python_Coder,Fact_Lookup,Local_Search,Base_Generator",
+                     group_size=8, questions_per_step=4, mini_batch_questions=4, max_turns=2, verify=False,
+                     analysis_tokens=0, planner_tokens=32, executor_tokens=24, verifier_tokens=6, generator_tokens=12,
+                     memory_chars=500, temperature=1.0, filter_groups=True, lr=2e-5, steps=30, eval_every=10,
+                     eval_n=20, checkpoint_every=10, speedups=True, max_batch=64),
     # The embedded 135M model on two CPU cores: small groups, short outputs, a higher learning rate
     # (a 135M model moves little at the 7B rate of 1e-6 in a few dozen steps).
     "cpu": dict(model=EMBEDDED, data="mixed", group_size=4, questions_per_step=2, mini_batch_questions=2,
@@ -444,10 +447,11 @@ def train(cfg: Config, reward_fn=None, given=frozenset(), accelerator=None) -> d
     tools = cfg.tool_names()
     # The planner generates with the policy itself, or under FSDP with a plain instance that shares the
     # gathered weights during a rollout, so that no rank's decoding waits on another's (distributed.py).
-    planner = HFEngine(distributed.generation_model(accelerator, policy), tokenizer, speedups=cfg.speedups)
+    planner = HFEngine(distributed.generation_model(accelerator, policy), tokenizer, speedups=cfg.speedups,
+                       max_batch=cfg.max_batch)
     # With --frozen-engine the executor, verifier, generator and Base_Generator run on a server; the
     # local frozen copy then only serves as the KL reference pi_ref.
-    frozen_engine = remote or HFEngine(frozen, tokenizer, speedups=cfg.speedups)
+    frozen_engine = remote or HFEngine(frozen, tokenizer, speedups=cfg.speedups, max_batch=cfg.max_batch)
     toolbox = Toolbox(tools, llm=frozen_engine)
     pad = tokenizer.pad_token_id
     n_mini = cfg.questions_per_step // cfg.mini_batch_questions

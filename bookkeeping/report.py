@@ -3,15 +3,27 @@
 evaluate.py produces summary.json, results.jsonl and trajectories.html per run; this file holds what
 turns records into something a person reads: the 95% interval of an accuracy, one self-contained HTML
 page per run (every model string escaped, a filter for the wrong answers), and the markdown/JSON
-table of several runs side by side (`python evaluate.py --compare DIR ...`).
+table of several runs side by side (`python evaluate.py --compare DIR ...`), with the paired
+difference of the last system and each other one on the questions both answered.
 
-Test: python -m pytest -q tests/test_evaluate.py
+Two systems run on the same questions are compared question by question: d_i = a_i - b_i in
+{-1, 0, 1}, the difference is mean(d), and its 95% interval is the percentile interval of the paired
+bootstrap (resample the n questions with replacement, keep each question's pair together). For 0/1
+scores that bootstrap needs no random draws: a resample holds X+ questions with d = 1 and X- with
+d = -1, (X+, X-, n - X+ - X-) ~ Multinomial(n; p+, p-, p0), so the distribution of (X+ - X-)/n is
+computed exactly and the interval has no seed and no Monte Carlo error. The pairing is what makes
+it narrow: two systems that agree on most questions differ by little noise, even when each one's
+own Wilson interval is wide.
+
+Test: python -m pytest -q tests/test_evaluate.py tests/test_planning.py
 """
 
 import html
 import json
 import math
 from pathlib import Path
+
+import numpy as np
 
 import modules
 
@@ -36,6 +48,47 @@ def wilson(k, n, z=1.96) -> tuple[float, float]:
     half = z / denom * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n))
     # Clamp away float noise such as -1e-17 at k = 0.
     return max(0.0, centre - half), min(1.0, centre + half)
+
+
+def paired_difference(a, b, level=0.95) -> dict:
+    """mean(a_i - b_i) of paired 0/1 scores, with the exact paired-bootstrap percentile interval.
+
+    low is the smallest value v of the resampled difference with P(D <= v) >= (1 - level) / 2, high the
+    smallest with P(D <= v) >= (1 + level) / 2. Worked example (tests/test_planning.py enumerates
+    all 4^4 resamples): a = [1, 1, 1, 0], b = [0, 0, 1, 1], d = [1, 1, 0, -1]
+
+    >>> r = paired_difference([1, 1, 1, 0], [0, 0, 1, 1]); r["difference"], r["ci95_low"], r["ci95_high"]
+    (0.25, -0.5, 1.0)
+    """
+    if len(a) != len(b):
+        raise ValueError(f"paired scores need equal lengths, got {len(a)} and {len(b)}")
+    n = len(a)
+    d = [float(x) - float(y) for x, y in zip(a, b)]
+    if any(x not in (-1.0, 0.0, 1.0) for x in d):
+        raise ValueError("paired_difference takes 0/1 scores")
+    if n == 0:
+        return {"difference": 0.0, "ci95_low": -1.0, "ci95_high": 1.0, "n": 0, "wins": 0, "losses": 0}
+    wins, losses = d.count(1.0), d.count(-1.0)
+    p_up, p_down, p_tie = wins / n, losses / n, (n - wins - losses) / n
+    # log P(X+ = u, X- = v) on the grid u + v <= n, (n + 1, n + 1); log 0 = -inf where a share is 0.
+    log_fact = np.concatenate([[0.0], np.cumsum(np.log(np.arange(1, n + 1)))])  # log k!, (n + 1,)
+    u, v = np.meshgrid(np.arange(n + 1), np.arange(n + 1), indexing="ij")
+    ok = u + v <= n
+    rest = np.where(ok, n - u - v, 0)
+
+    def term(count, p):  # count * log p, with 0 * log 0 = 0
+        return np.where(count == 0, 0.0, count * np.log(p)) if p > 0 else np.where(count == 0, 0.0, -np.inf)
+
+    with np.errstate(divide="ignore", invalid="ignore"):
+        logp = log_fact[n] - log_fact[u] - log_fact[v] - log_fact[rest] + term(u, p_up) + term(v, p_down) + term(rest, p_tie)
+    prob = np.bincount((u - v + n)[ok], weights=np.exp(np.where(ok, logp, -np.inf))[ok], minlength=2 * n + 1)
+    cdf = np.cumsum(prob / prob.sum())  # P(X+ - X- <= k - n), k = 0 .. 2n
+
+    def quantile(q):
+        return (int(np.argmax(cdf >= q - 1e-12)) - n) / n
+
+    return {"difference": (wins - losses) / n, "ci95_low": quantile((1 - level) / 2),
+            "ci95_high": quantile((1 + level) / 2), "n": n, "wins": wins, "losses": losses}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -101,13 +154,27 @@ def write_html(records, path, title="AgentFlow trajectories"):
 # Comparing systems side by side
 
 
+def _scores(d: Path) -> dict:
+    """{question id: (suite, score)} from a run's results.jsonl; {} when it has none."""
+    path = d / "results.jsonl"
+    if not path.is_file():
+        return {}
+    rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    return {str(r["id"]): (r.get("suite", ""), float(r["score"])) for r in rows if "id" in r and "score" in r}
+
+
 def compare(dirs) -> tuple[str, list[dict]]:
-    """(markdown table, entries) of the summary.json files in dirs; rows systems, columns suites + all.
+    """(markdown table, entries) of the summary.json files in dirs; rows systems, columns suites + all,
+    and a last column: the LAST system minus this row, paired on the questions both answered (their
+    ids in results.jsonl), in points with its 95% paired-bootstrap interval (paired_difference).
 
     Runs of one system (same label) on different suites are merged into one row, and its "all" column
-    pools their questions; two runs of one system on the same suite get a row each.
+    pools their questions; two runs of one system on the same suite get a row each. Each entry of a
+    row that has a paired difference carries it under "minus_last": {"system", "difference",
+    "ci95_low", "ci95_high", "n", "wins", "losses"} (per suite, and pooled in the "all" entry).
     """
     systems = {}  # label -> {suite: {"accuracy", "ci95", "n"}}
+    scores = {}  # label -> {question id: (suite, score)}
     for d in dirs:
         path = Path(d) / "summary.json"
         if not path.is_file():
@@ -120,9 +187,18 @@ def compare(dirs) -> tuple[str, list[dict]]:
         if systems.get(label, {}).keys() & s["suites"].keys():
             label = f"{label} ({Path(d).name})"  # the same system run twice on a suite
         systems.setdefault(label, {}).update(s["suites"])
+        scores.setdefault(label, {}).update(_scores(Path(d)))
     columns = list(dict.fromkeys(name for parts in systems.values() for name in parts)) + ["all"]
+    last = list(systems)[-1]
     entries, rows = [], []
     for label, parts in systems.items():
+        paired = {}  # suite (and "all") -> paired_difference(last, this row) on the shared questions
+        shared = sorted(scores[label].keys() & scores[last].keys()) if label != last else []
+        for col in columns:
+            ids = [i for i in shared if col == "all" or scores[label][i][0] == col]
+            if ids and all(scores[x][i][1] in (0.0, 1.0) for x in (label, last) for i in ids):
+                diff = paired_difference([scores[last][i][1] for i in ids], [scores[label][i][1] for i in ids])
+                paired[col] = {"system": last, **diff}
         k = sum(round(p["accuracy"] * p["n"]) for p in parts.values())
         n = sum(p["n"] for p in parts.values())
         pooled = {"accuracy": k / max(n, 1), "ci95": list(wilson(k, n)), "n": n}
@@ -131,9 +207,14 @@ def compare(dirs) -> tuple[str, list[dict]]:
             p = pooled if col == "all" else parts.get(col)  # None: this system was not run on that suite
             if p is not None:
                 low, high = p["ci95"]
-                entries.append({"system": label, "suite": col, "accuracy": p["accuracy"], "ci95_low": low, "ci95_high": high, "n": p["n"]})
+                entries.append({"system": label, "suite": col, "accuracy": p["accuracy"], "ci95_low": low, "ci95_high": high, "n": p["n"],
+                                **({"minus_last": paired[col]} if col in paired else {})})
             cells.append("-" if p is None else f"{100 * p['accuracy']:.1f} [{100 * low:.1f}, {100 * high:.1f}] n={p['n']}")
+        d = paired.get("all")
+        cells.append("-" if d is None else f"{100 * d['difference']:+.1f} [{100 * d['ci95_low']:+.1f}, {100 * d['ci95_high']:+.1f}] "
+                                           f"n={d['n']}")
         rows.append(f"| {label} | " + " | ".join(cells) + " |")
-    header = ["| system | " + " | ".join(columns) + " |", "|---" * (len(columns) + 1) + "|"]
-    note = "\naccuracy % [95% Wilson interval], n questions"
+    header = ["| system | " + " | ".join(columns) + f" | {last} minus this row |", "|---" * (len(columns) + 2) + "|"]
+    note = (f"\naccuracy % [95% Wilson interval], n questions; last column: {last} minus this row, in points, "
+            "paired on the same questions [95% paired-bootstrap interval]")
     return "\n".join(header + rows) + note, entries

@@ -21,7 +21,9 @@ What load() accepts, in this order:
      "arithmetic"  big multiplications, exact divisions, chains like (a + b) * c - d, word problems;
      "game24"      every solvable puzzle of four numbers 1-13 (any valid expression scores);
      "lookup"      one- and two-hop questions over the fictional corpus of corpus.py (seed 0 world);
-     "mixed"       equal shares of the three, so the planner must learn which tool fits which question.
+     "mixed"       equal shares of the three, so the planner must learn which tool fits which question;
+     "planning"    the CPU demo's suite (planning.py): calculations, facts and two-step questions in
+                   the proportions 2 : 2 : 1, each example naming its right tools ("tools").
 2. An official AgentFlow benchmark by name ("bamboogle", "2wiki", "hotpotqa", "musique", "aime24",
    "amc23", "gameof24", "medqa"): the file shared/benchmarks/<name>.json, found in the folder named
    by $AGENTFLOW_BENCHMARKS, else in a parent folder of this file.
@@ -59,7 +61,7 @@ from environment.game24 import game24_numbers, solve24
 from environment.scoring import infer_task, score
 
 BENCHMARKS = ("bamboogle", "2wiki", "hotpotqa", "musique", "aime24", "amc23", "gameof24", "medqa")
-SUITES = ("arithmetic", "game24", "lookup", "mixed")
+SUITES = ("arithmetic", "game24", "lookup", "mixed", "planning")
 POOL_SEED = 20251  # fixed seed of the suite generators: the pools never change with `seed`
 TEST_PERCENT = 20  # share of each pool that the hash partition puts into the test split
 N_OFFICIAL_24 = 300  # the official gameof24 file = the first 300 solvable puzzles in sorted order
@@ -79,6 +81,10 @@ def load(name_or_path, split="test", n=None, seed=0, *, skip_bad_rows=False, rep
     if name in SUITES:
         if split not in ("train", "test"):
             raise ValueError(f"split must be 'train' or 'test', got {split!r}")
+        if name == "planning":
+            from environment import planning  # the demo's suite: calculation, fact and two-step questions
+
+            return _mixed(split, n, seed, planning.PARTS, planning.SHARES)
         return _mixed(split, n, seed) if name == "mixed" else _sample(name, split, n, seed)
     if name in BENCHMARKS:
         path = benchmark_path(name)
@@ -218,7 +224,13 @@ def _in_test_split(query: str) -> bool:
 @functools.lru_cache(maxsize=None)
 def _pool(suite: str) -> dict:
     """{"train": [...], "test": [...]} of one generated suite, built once per process."""
-    make = {"arithmetic": _arithmetic_pool, "game24": _game24_pool, "lookup": _lookup_pool}[suite]
+    if suite in ("calculation", "fact", "two-step"):  # the parts of the planning suite
+        from environment import planning
+
+        make = functools.partial({"calculation": planning.calculation_pool, "fact": planning.fact_pool,
+                                  "two-step": planning.two_step_pool}[suite], POOL_SEED)
+    else:
+        make = {"arithmetic": _arithmetic_pool, "game24": _game24_pool, "lookup": _lookup_pool}[suite]
     splits, seen = {"train": [], "test": []}, set()
     for example in make():
         if example["query"] in seen:
@@ -241,14 +253,17 @@ def _sample(suite: str, split: str, n, seed: int) -> list[dict]:
     return [copy.deepcopy(pool[i]) for i in order[:n]]  # copies: callers may edit their examples
 
 
-def _mixed(split: str, n, seed: int) -> list[dict]:
-    """Equal shares of arithmetic, game24 and lookup (the first parts get the remainder of n / 3)."""
-    parts = ("arithmetic", "game24", "lookup")
+def _mixed(split: str, n, seed: int, parts=("arithmetic", "game24", "lookup"), shares=(1, 1, 1)) -> list[dict]:
+    """Parts in the proportions of `shares` (mixed: equal shares of arithmetic, game24 and lookup);
+    the remainder of n goes to the first parts, one question each."""
     if n is None:
-        n = 3 * min(len(_pool(p)[split]) for p in parts)
+        n = sum(shares) * min(len(_pool(p)[split]) // s for p, s in zip(parts, shares))
+    counts = [n * s // sum(shares) for s in shares]
+    for i in range(n - sum(counts)):
+        counts[i] += 1
     examples = []
-    for i, part in enumerate(parts):
-        examples += _sample(part, split, n // 3 + (i < n % 3), seed)
+    for part, count in zip(parts, counts):
+        examples += _sample(part, split, count, seed)
     random.Random(seed).shuffle(examples)
     return examples
 

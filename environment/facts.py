@@ -1,0 +1,129 @@
+"""Fact_Lookup's backend: one fact of the fictional world of corpus.py, as one short labelled line.
+
+Local_Search returns passages, and a 135M generator rarely finds the one fact in them (6 of 30
+one-hop questions with the top-3 passages in memory, 7 of 30 with the gold sentence alone). Given a
+short labelled line instead, the same frozen generator copies the value (23 of 30). So this tool
+answers a command such as "founder of Zhervym Motors" or "Who founded Zhervym Motors?" with
+
+    founder of Zhervym Motors: Zhelleis Vraelein
+
+read from the world itself (corpus.build_world(seed=0), the world whose articles Local_Search reads).
+The command is read loosely, because a frozen 135M executor writes it:
+
+    entity     every invented word of the world names one entity (corpus.py guarantees it), so any
+               invented word in the command picks its entity; several: the one whose attribute the
+               command names, else the first named
+    attribute  keywords of the entity's kind ("year", "founded", "born", "city", "country", ...),
+               each attribute scored by how many of its keywords the command holds; the first
+               attribute wins a tie; none named: every fact of the entity, on one line
+    nothing    no entity named: an "Error: ..." line that says what the input must name
+
+One hop only: "the city where the founder of Zhervym Motors was born" gives a fact of Zhervym Motors,
+not of its founder. A two-step question needs a second lookup that names the founder, which is what
+the planner's sub-goal must carry.
+
+Simplifications: the official system has no such tool (it searches the web and summarises with an
+LLM); this one stands in for a search engine that returns an answer box.
+
+Run:   python -m environment.facts "founder of Zhervym Motors"
+Test:  python -m pytest -q tests/test_planning.py
+"""
+
+import functools
+import re
+import sys
+
+from environment import corpus
+
+# Per kind of entity: (attribute, label in the result, keywords). The keywords are regexes matched
+# as whole words, case-insensitively; the order breaks ties ("Who founded X?" names both "founded"
+# and "who founded": the founder, listed first, wins).
+ATTRIBUTES = {
+    "people": [
+        ("birth_city", "birth city", [r"city", r"where", r"birth ?place", r"born in which", r"home ?town"]),
+        ("birth_year", "birth year", [r"years?", r"when", r"born", r"birth", r"birth ?year"]),
+        ("profession", "profession", [r"profession", r"job", r"occupation", r"work(?:ed)?", r"what was"]),
+    ],
+    "cities": [
+        ("population", "population", [r"population", r"people", r"inhabitants", r"residents"]),
+        ("country", "country", [r"country", r"nation", r"where", r"which country"]),
+        ("founded", "founding year", [r"years?", r"when", r"founded", r"founding"]),
+    ],
+    "companies": [
+        ("founder", "founder", [r"founder", r"who founded", r"founded by", r"who"]),
+        ("founded", "founding year", [r"years?", r"when", r"founded", r"founding"]),
+        ("hq_city", "headquarters city", [r"headquarter(?:s|ed)?", r"hq", r"city", r"where", r"based"]),
+    ],
+    "inventions": [
+        ("inventor", "inventor", [r"inventor", r"who invented", r"invented by", r"who"]),
+        ("year", "year of invention", [r"years?", r"when", r"invented", r"invention"]),
+        ("maker", "maker", [r"maker", r"makes", r"made by", r"company", r"manufacturer", r"produces"]),
+    ],
+}
+KINDS = tuple(ATTRIBUTES)
+
+
+def _words(name: str) -> list[str]:
+    """The invented words of a name: "Zhervym Motors" -> ["zhervym"] (suffixes and kinds are common words)."""
+    common = {w.lower() for w in corpus.COMPANY_SUFFIXES} | {thing for thing, _ in corpus.INVENTION_KINDS}
+    return [w.lower() for w in name.split() if w.lower() not in common]
+
+
+@functools.lru_cache(maxsize=1)
+def _world():
+    """(world, {invented word: (kind, entity)}, {id: entity}), built once per process."""
+    world = corpus.build_world(seed=0)
+    by_word, by_id = {}, {}
+    for kind in KINDS:
+        for e in world[kind]:
+            by_id[e["id"]] = e
+            for w in _words(e["name"]):
+                by_word[w] = (kind, e)
+    return world, by_word, by_id
+
+
+def value(kind: str, entity: dict, attribute: str) -> str:
+    """The attribute as text, written as the questions write it (populations with commas, names of ids)."""
+    _, _, by_id = _world()
+    v = entity[attribute]
+    if isinstance(v, str) and v in by_id:
+        return by_id[v]["name"]
+    return f"{v:,}" if attribute == "population" else str(v)
+
+
+def _has(pattern: str, text: str) -> bool:
+    return re.search(rf"(?<![a-z]){pattern}(?![a-z])", text) is not None
+
+
+def lookup(command) -> str:
+    """The fact the command asks for, '<attribute> of <entity>: <value>'; never raises (see the docstring).
+
+    >>> lookup("Who founded Noullysk Foundry?")
+    'founder of Noullysk Foundry: Brukras Veirtha'
+    """
+    text = command.lower() if isinstance(command, str) else ""
+    _, by_word, _ = _world()
+    named = []  # (position in the command, kind, entity), each entity once
+    for m in re.finditer(r"[a-z]+", text):
+        hit = by_word.get(m.group())
+        if hit and all(hit[1] is not e for _, _, e in named):
+            named.append((m.start(), *hit))
+    if not named:
+        return ("Error: Fact_Lookup found no person, city, company or invention of the encyclopedia in "
+                f"{str(command)[:80]!r}; name one, e.g. 'founder of <company>'")
+    best = None  # (score, -position, kind, entity, attribute, label)
+    for pos, kind, entity in named:
+        for rank, (attribute, label, keys) in enumerate(ATTRIBUTES[kind]):
+            score = sum(_has(k, text) for k in keys)
+            if score and (best is None or (score, -pos, -rank) > best[0]):
+                best = ((score, -pos, -rank), kind, entity, attribute, label)
+    if best is None:  # an entity but no attribute: every fact of the first one named
+        _, kind, entity = named[0]
+        facts = "; ".join(f"{label} {value(kind, entity, a)}" for a, label, _ in ATTRIBUTES[kind])
+        return f"{entity['name']}: {facts}"
+    _, kind, entity, attribute, label = best
+    return f"{label} of {entity['name']}: {value(kind, entity, attribute)}"
+
+
+if __name__ == "__main__":
+    print(lookup(" ".join(sys.argv[1:]) or "Who founded Noullysk Foundry?"))
