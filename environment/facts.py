@@ -31,7 +31,6 @@ Test:  python -m pytest -q tests/test_planning.py
 
 import functools
 import re
-import sys
 
 from environment import corpus
 
@@ -125,5 +124,14 @@ def lookup(command) -> str:
     return f"{label} of {entity['name']}: {value(kind, entity, attribute)}"
 
 
+def main(argv=None):
+    import argparse
+
+    parser = argparse.ArgumentParser(description="Fact_Lookup by hand: one fact of the fictional world as one line.")
+    parser.add_argument("query", nargs="*", help="e.g. founder of Noullysk Foundry (default: Who founded Noullysk Foundry?)")
+    args = parser.parse_args(argv)
+    print(lookup(" ".join(args.query) or "Who founded Noullysk Foundry?"))
+
+
 if __name__ == "__main__":
-    print(lookup(" ".join(sys.argv[1:]) or "Who founded Noullysk Foundry?"))
+    main()
