@@ -16,8 +16,9 @@ two-step questions that need a fact and then a calculation on it), the same ques
        the learning curve: training reward, test accuracy during training, and the baselines as lines
 
 Every step is one of the project's own commands, printed before it runs, so each row of the table can
-be reproduced alone. Rows 3 and 4 do not fit in the 30 minutes with the rest: `python demo.py --baselines
-only` runs them (about 15 minutes) into the same folder, and `python demo.py` then shows them.
+be reproduced alone. Rows 3 and 4 do not fit in the 30 minutes with the rest (the demo takes 26 min
+without them): `python demo.py --baselines only` runs them (about 6 minutes) into the same folder, and
+`python demo.py` then shows them.
 
 Run:   python demo.py --baselines only     (rows 3 and 4, the fixed plans and the oracle router)
        python demo.py                      (writes runs/demo/: results.md, results.json, learning_curve.png)
@@ -96,7 +97,7 @@ def main(argv=None):
     p.add_argument("--model", default=preset["model"], help="the model of every row (default: the embedded one)")
     p.add_argument("--baselines", choices=("skip", "only", "all"), default="skip",
                    help="the fixed plans (one per tool) and the oracle router: skip them (the table still shows "
-                        "those already in --out), run only them (about 15 min), or run them too (over 30 min)")
+                        "those already in --out), run only them (about 6 min), or run them too (over 30 min)")
     args = p.parse_args(argv)
     out = Path(args.out)
     py = sys.executable

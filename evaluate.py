@@ -132,7 +132,7 @@ class OraclePlan:
 
     The ceiling of routing alone: what a planner reaches that picks the right tool for every
     question but writes nothing of its own. It reads which question and which turn a planner prompt
-    is for from the prompt itself ("Question: ..." and the "Step k:" lines of the memory).
+    is for from the prompt itself (its "Question: ..." line and the "Step k:" lines of the memory).
     """
 
     tokens_generated = 0
@@ -144,7 +144,7 @@ class OraclePlan:
         out = []
         for chat in chats:
             text = chat[-1]["content"]
-            query = next((q for q in self.tools_of if text.startswith(f"Question: {q}\n")), "")
+            query = next((q for q in self.tools_of if re.search(f"^Question: {re.escape(q)}$", text, flags=re.M)), "")
             done = max([int(k) for k in re.findall(r"^Step (\d+):", text, flags=re.M)], default=0)
             tools = self.tools_of.get(query) or ["(no oracle tool)"]
             out.append(Generation(" " + tools[min(done, len(tools) - 1)], [], [], []))

@@ -13,10 +13,14 @@ Every parser here takes any string and never raises; when the model's text does 
 a documented fallback applies:
 
     parser           fallback when the text does not fit
-    parse_action     tool: the "Tool Name:" field matched case/space/underscore-insensitively; if that is
-                     missing or unknown, the last known tool name mentioned anywhere in the text; if none,
-                     tool "" and valid False: the step is recorded as a failed step ("Error: unknown
-                     tool") and the loop goes on. Sub-goal missing: the question. Context missing: "".
+    parse_action     tool: the "Tool Name:" field matched case/space/underscore-insensitively, or the one
+                     tool the field names among other words ("Python_Coder to compute it"). A field that
+                     names several tools chose none ("<one of Python_Coder, Fact_Lookup>", the prompt's
+                     own line copied: read as its first tool, it paid, and a training run learned to
+                     write it); nor does a field that names no tool. Only with no field at all: the last
+                     known tool mentioned anywhere in the text. Else tool "" and valid False: the step
+                     is recorded as a failed step ("Error: no valid tool") and the loop goes on.
+                     Sub-goal missing: the question. Context missing: "".
     parse_command    code tools: the last ```python fenced block, else the text after "Command:", else
                      the whole text if it compiles as Python; else "" (empty command -> error step).
                      text tools: the last "Command:" value, else the first non-empty line; else "".
@@ -89,12 +93,17 @@ def analysis_prompt(query: str, tools) -> list[dict]:
 
 
 def planner_prompt(query: str, analysis: str, tools, memory: Memory, memory_chars: int = 1200) -> list[dict]:
-    """Planner, every turn: the next action a_t given (q, analysis, tools, M_t). The trained call."""
+    """Planner, every turn: the next action a_t given (q, analysis, tools, M_t). The trained call.
+
+    The tool list comes first: it is the same in every planner prompt of a batch, so the prompts of
+    all questions share it as a prefix (prefill computes it once), and the question and the memory,
+    which change, come after it, next to the request."""
     return chat(
-        "You plan the next step of an agent that answers questions with tools.",
-        f"Question: {query}\n" + (f"Analysis: {analysis.strip()}\n" if analysis.strip() else "") + f"\nTools:\n{render_for_planner(tools)}\n\n"
-        f"Steps so far:\n{memory.render(memory_chars)}\n\n"
-        "Choose the next step. Reply in exactly this format:\n"
+        "You choose the tool for the next step of an agent that answers questions.",
+        f"Tools:\n{render_for_planner(tools)}\n\nQuestion: {query}\n"
+        + (f"Analysis: {analysis.strip()}\n" if analysis.strip() else "")
+        + f"\nSteps so far:\n{memory.render(memory_chars)}\n\n"
+        "Reply in exactly this format:\n"
         "Tool Name: <one of " + ", ".join(tools) + ">\nSub-Goal: <what this step must find or compute>\n"
         "Context: <facts from earlier steps that it needs>",
     )
@@ -189,10 +198,12 @@ def parse_action(text, query: str, tools) -> Action:
     """Read (tool, sub-goal, context) from the planner's text; see the fallback table above."""
     text = _clean(text)
     named = _field(text, r"tool[ _\-]*name|tool")
-    tool = match_tool(named, tools) if named is not None else ""
-    if not tool and named:  # "Tool Name: Python_Coder to compute it": take the first word(s) that match
-        tool = next((t for t in tools if _key(t) in _key(named)), "")
-    if not tool:  # no usable field: the last tool mentioned anywhere in the text
+    if named is not None:  # the field decides: one tool, exactly or among other words; else none
+        tool = match_tool(named, tools)
+        if not tool:
+            mentioned = [t for t in tools if _key(t) in _key(named)]
+            tool = mentioned[0] if len(mentioned) == 1 else ""
+    else:  # no field at all: the last tool mentioned anywhere in the text
         spots = [(m.start(), t) for t in tools for m in re.finditer(re.escape(t), text, flags=re.I)]
         tool = max(spots)[1] if spots else ""
     sub_goal = _field(text, r"sub[ _\-]*goal|goal") or query

@@ -23,7 +23,8 @@ so the loss mask is simply the planner's own response tokens).
 Simplifications vs. the official code:
 - The verifier is not called after the last allowed turn: its verdict could not change anything.
   `verify` off (the CPU demo) skips it altogether: every trajectory runs max_turns turns.
-- A tool of kind "sub-goal" (Fact_Lookup) takes the planner's sub-goal as its command: no executor call.
+- A tool of kind "sub-goal" (Fact_Lookup) takes the planner's sub-goal, then the question, as its
+  command ("founder of X | Who founded X?"): no executor call.
 - Frozen modules decode greedily (temperature 0) so that the reward varies with the planner's choices,
   not with executor/generator sampling noise. The planner samples at `temperature`.
 - Every module's reply starts with a forced prefix that pins its format (modules.py); for the planner
@@ -119,6 +120,7 @@ class Trajectory:
 
     query: str
     analysis: str = ""
+    tools: tuple = ()  # the tool list its planner sees, in the order shown
     turns: list[Turn] = field(default_factory=list)  # T_i planner turns
     memory: Memory = field(default_factory=Memory)  # fresh for every rollout
     final_output: str = ""  # the generator's raw text
@@ -146,14 +148,17 @@ def _tick(trajs, phase, t0):
         tr.seconds[phase] = tr.seconds.get(phase, 0.0) + dt
 
 
-def rollout(queries, planner, frozen, toolbox: Toolbox, cfg: RolloutConfig, examples=None) -> list[Trajectory]:
-    """Roll out one trajectory per query (repeat a query G times for a group), all in lockstep."""
+def rollout(queries, planner, frozen, toolbox: Toolbox, cfg: RolloutConfig, examples=None,
+            tool_orders=None) -> list[Trajectory]:
+    """Roll out one trajectory per query (repeat a query G times for a group), all in lockstep.
+    tool_orders: per query, the order in which its planner sees the tools (default: cfg's order)."""
     tools = cfg.tool_names()
-    trajs = [Trajectory(q, example=(examples[i] if examples else None)) for i, q in enumerate(queries)]
+    trajs = [Trajectory(q, tools=tuple(tool_orders[i]) if tool_orders else tools, example=(examples[i] if examples else None))
+             for i, q in enumerate(queries)]
     # 1. Query analysis, once per trajectory, by the planner model (not a training row).
     if cfg.analysis_tokens > 0:  # 0 skips it: on a small CPU budget the turns matter more
         t0 = time.perf_counter()
-        gens = planner.generate([modules.analysis_prompt(q, tools) for q in queries],
+        gens = planner.generate([modules.analysis_prompt(tr.query, tr.tools) for tr in trajs],
                                 max_new_tokens=cfg.analysis_tokens, temperature=cfg.temperature)
         for tr, g in zip(trajs, gens):
             tr.analysis = g.text.strip()
@@ -163,7 +168,7 @@ def rollout(queries, planner, frozen, toolbox: Toolbox, cfg: RolloutConfig, exam
     for t in range(1, cfg.max_turns + 1):
         # 2. Planner: one batched call for every live trajectory; each response is a Turn.
         t0 = time.perf_counter()
-        chats = [modules.planner_prompt(tr.query, tr.analysis, tools, tr.memory, cfg.memory_chars) for tr in live]
+        chats = [modules.planner_prompt(tr.query, tr.analysis, tr.tools, tr.memory, cfg.memory_chars) for tr in live]
         gens = planner.generate(chats, max_new_tokens=cfg.planner_tokens, temperature=cfg.temperature,
                                 prefix=modules.PLANNER_PREFIX, stop=modules.PLANNER_STOP)
         for tr, g in zip(live, gens):
@@ -174,9 +179,11 @@ def rollout(queries, planner, frozen, toolbox: Toolbox, cfg: RolloutConfig, exam
         # 3. Executor: commands for the valid actions (an invalid action skips straight to an error step).
         t0 = time.perf_counter()
         need = [tr for tr in live if tr.turns[-1].valid_action]
-        for tr in need:  # a "sub-goal" tool (Fact_Lookup) takes the planner's sub-goal as its command
-            if TOOLS[tr.turns[-1].tool].kind == "sub-goal":
-                tr.turns[-1].command = tr.turns[-1].sub_goal.strip()
+        for tr in need:  # a "sub-goal" tool (Fact_Lookup) takes the planner's sub-goal as its command,
+            turn = tr.turns[-1]  # then the question, which an executor would also have seen
+            if TOOLS[turn.tool].kind == "sub-goal":
+                sub_goal = turn.sub_goal.strip()
+                turn.command = sub_goal if sub_goal == tr.query.strip() else f"{sub_goal} | {tr.query}"
         need = [tr for tr in need if TOOLS[tr.turns[-1].tool].kind != "sub-goal"]
         for tool in sorted({tr.turns[-1].tool for tr in need}):  # one batched call per tool (its own prefix)
             rows = [tr for tr in need if tr.turns[-1].tool == tool]

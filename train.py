@@ -90,6 +90,8 @@ class Config(RolloutConfig):
     agg: str = arg("token-mean", "loss aggregation: token-mean (official) or flow (the paper's 1/G 1/T_i 1/|a|)")
     scale_advantages: bool = arg(True, "divide by the group std (paper); off = Dr. GRPO")
     old_logprobs: str = arg("sample", "pi_old from the sampling pass ('sample') or a fresh forward ('recompute')")
+    rotate_tools: bool = arg(False, "explore: trajectory j of each group sees the tool list rotated by j (each tool first "
+                                    "for G/k of the G); evaluation keeps --tools' order")
     filter_groups: bool = arg(False, "leave groups whose G rewards are all equal out of the update (one process only)")
     # optimisation
     lr: float = arg(1e-6, "AdamW learning rate, constant (paper: 1e-6)")
@@ -112,18 +114,19 @@ class Config(RolloutConfig):
 # Named sets of defaults. A field given on the command line wins over the preset.
 PRESETS = {
     # demo.py's training run on 2 CPU cores: the embedded 135M model on the planning suite (calculations,
-    # facts, two-step questions: environment/planning.py), G = 8, four questions a step. The tools the
-    # planner chooses from: Python_Coder and Fact_Lookup each pay for their own kind of question,
-    # Local_Search and Base_Generator pay for neither at 135M. No verifier (verify off): the 135M
-    # verifier said STOP after 72 of 72 first steps with three prompts, so a two-step question never
-    # got its second step; every trajectory takes both turns. Temperature 1.0 (at 0.7 the planner's 8
-    # samples mostly agreed), filter_groups (no update time on groups without signal), a higher
-    # learning rate for the few optimiser steps, and all 32 trajectories in one generate call.
-    "cpu-demo": dict(model=EMBEDDED, data="planning", tools="Python_Coder,Fact_Lookup,Local_Search,Base_Generator",
-                     group_size=8, questions_per_step=4, mini_batch_questions=4, max_turns=2, verify=False,
-                     analysis_tokens=0, planner_tokens=32, executor_tokens=24, verifier_tokens=6, generator_tokens=12,
-                     memory_chars=500, temperature=1.0, filter_groups=True, lr=2e-5, steps=30, eval_every=10,
-                     eval_n=20, checkpoint_every=10, speedups=True, max_batch=64),
+    # facts, two-step questions: environment/planning.py). The planner chooses among Python_Coder and
+    # Fact_Lookup, each the one that pays for its own kind of question, and Local_Search, which pays
+    # for little at 135M. One turn (max_turns 1, no verifier): every turn a trajectory takes costs a
+    # planner, executor and generator prompt per row, and one turn is what routing needs; the two-step
+    # questions then stay out of reach (README, "The CPU demo"). rotate_tools: each tool comes first for
+    # 2 of the G = 6 trajectories (tool_orders). Temperature 0.7 (at 1.0 two thirds of the 135M
+    # planner's actions named no tool), filter_groups (no update time on groups without signal), a
+    # higher learning rate for the few optimiser steps, every trajectory of a step in one generate call.
+    "cpu-demo": dict(model=EMBEDDED, data="planning", tools="Python_Coder,Fact_Lookup,Local_Search",
+                     group_size=6, questions_per_step=4, mini_batch_questions=4, max_turns=1, verify=False,
+                     analysis_tokens=0, planner_tokens=20, executor_tokens=24, verifier_tokens=6, generator_tokens=12,
+                     memory_chars=500, temperature=0.7, rotate_tools=True, filter_groups=True, lr=2e-5, steps=12,
+                     eval_every=3, eval_n=20, checkpoint_every=10, speedups=True, max_batch=64),
     # The embedded 135M model on two CPU cores: small groups, short outputs, a higher learning rate
     # (a 135M model moves little at the 7B rate of 1e-6 in a few dozen steps).
     "cpu": dict(model=EMBEDDED, data="mixed", group_size=4, questions_per_step=2, mini_batch_questions=2,
@@ -215,6 +218,23 @@ def questions_for_step(examples, cfg, step, rank, world):
             orders[epoch] = np.random.default_rng(cfg.seed + epoch).permutation(len(examples))
         picked.append(examples[orders[epoch][pos]])
     return picked[rank::world]
+
+
+def tool_orders(tools, group_size: int, rotate: bool) -> list[tuple]:
+    """The tool list each trajectory of a group sees: trajectory j the list rotated by j (--rotate-tools),
+    else every one the given order.
+
+    Why: a small planner mostly names the FIRST tool of its list (the embedded 135M model picked
+    Python_Coder, listed first, for 24 of 32 samples of fact questions, Fact_Lookup for 3). Then the
+    G samples of a question hardly ever try another tool, every group's rewards come from one tool,
+    and Flow-GRPO can only reinforce it (it learned "always Python_Coder" in 5 steps). Rotated, every
+    tool comes first for G/k of the G trajectories, so each group compares the tools on its question:
+    the signal that teaches routing. The state s_t holds the order, so the loss stays on-policy; the
+    planner must learn to choose by the question, not the position, because evaluation keeps the
+    given order. Rotations (not shuffles): k distinct prompts per question, each shared by G/k rows
+    in the prefill and the update."""
+    k = len(tools) if rotate else 1
+    return [tuple(tools[j % k:]) + tuple(tools[:j % k]) for j in range(group_size)]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -459,6 +479,7 @@ def train(cfg: Config, reward_fn=None, given=frozenset(), accelerator=None) -> d
     # The shared-prompt update makes two forward calls before one backward: one process only, and not
     # under gradient checkpointing (which turns the KV cache off). Elsewhere the plain rows run.
     share_prompts = cfg.speedups and world == 1 and not cfg.gradient_checkpointing
+    orders = tool_orders(tools, cfg.group_size, cfg.rotate_tools)  # (G,) the tool list of each trajectory of a group
     metrics = {}
 
     test_examples = tasks.load(cfg.data, split="test", n=cfg.eval_n, seed=cfg.seed) if cfg.eval_every else []
@@ -477,7 +498,7 @@ def train(cfg: Config, reward_fn=None, given=frozenset(), accelerator=None) -> d
         policy.eval()
         with distributed.full_weights(accelerator, policy, planner.model):
             trajs = rollout([questions[g]["query"] for g in group_of], planner, frozen_engine, toolbox, cfg,
-                            examples=[questions[g] for g in group_of])
+                            examples=[questions[g] for g in group_of], tool_orders=orders * len(questions))
         policy.train()
         rollout_s = time.perf_counter() - t0
 

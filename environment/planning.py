@@ -19,7 +19,8 @@ Shaped to fit a frozen 135M executor and generator (each measured with an oracle
   generator rarely finds the fact in them;
 - two-step questions end in one sum with a looked-up number (the executor swaps the numbers of a
   subtraction), and are a fifth of the suite: the part that needs the planner to carry a result
-  forward.
+  forward. The CPU demo runs one planner turn (train.py's cpu-demo preset: a second turn tripled the
+  step), so there they stay unsolved by every system and are reported apart.
 
 The split is corpus-question-level: a hash of the query (tasks._in_test_split) puts each into train
 or test, so no test question is trained on (an entity can appear in both, with another question).

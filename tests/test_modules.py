@@ -35,7 +35,12 @@ def test_parse_action_reads_the_tool_tolerantly(text, tool):
     assert a.tool == tool and a.valid
 
 
-@pytest.mark.parametrize("text", ["", "Tool Name: Calculator\nSub-Goal: x", "blah blah", None, "Tool Name:"])
+@pytest.mark.parametrize("text", ["", "Tool Name: Calculator\nSub-Goal: x", "blah blah", None, "Tool Name:",
+                                  # a field that names several tools chose none (the prompt's own line copied)
+                                  "Tool Name: <one of Python_Coder, Local_Search, Base_Generator>",
+                                  "Tool Name: Local_Search, Python_Coder, Context: find it",
+                                  # the field decides: a tool named only in the sub-goal is not a choice
+                                  "Tool Name: 4821 * 37\nSub-Goal: use Python_Coder"])
 def test_parse_action_without_a_known_tool_is_invalid_and_falls_back_to_the_question(text):
     a = parse_action(text, Q, TOOLS)
     assert a.tool == "" and not a.valid

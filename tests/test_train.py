@@ -109,6 +109,33 @@ def test_filter_groups_trains_only_the_groups_whose_rewards_differ(tiny_model_di
     assert m["frac_reward_zero_std"] == 0.0 and m["optimizer_steps"] >= 1 and m["update_tok_s"] > 0
 
 
+# ---- exploring the tool order ------------------------------------------------------------------
+
+def test_tool_orders_put_every_tool_first_for_an_equal_share_of_the_group():
+    tools = ("Python_Coder", "Fact_Lookup", "Local_Search")
+    orders = train.tool_orders(tools, 6, rotate=True)
+    assert [o[0] for o in orders] == list(tools) * 2
+    assert all(sorted(o) == sorted(tools) for o in orders)  # a rotation: the same tools, none lost
+    assert orders[1] == ("Fact_Lookup", "Local_Search", "Python_Coder")
+    assert train.tool_orders(tools, 6, rotate=False) == [tools] * 6
+
+
+def test_rotate_tools_shows_each_trajectory_its_order_and_trains_on_that_prompt(tiny_model_dir, tmp_path, tokenizer):
+    # Each trajectory's planner prompt lists the tools in its own order; the Turn that reaches the
+    # loss holds exactly that prompt (on-policy), so the G rows of a question have k distinct prompts.
+    seen = []
+    cfg, _ = train.parse_args(TINY + ["--model", str(tiny_model_dir), "--out", str(tmp_path / "run"), "--steps", "1",
+                                       "--group-size", "3", "--max-turns", "1", "--rotate-tools",
+                                       "--tools", "Python_Coder,Local_Search,Base_Generator", "--checkpoint-every", "1"])
+    train.train(cfg, reward_fn=lambda tr: float(seen.append(tr) or len(seen) % 2))
+    assert [tr.tools for tr in seen] == train.tool_orders(cfg.tool_names(), 3, rotate=True) * 2
+    for tr in seen:
+        prompt = tokenizer.decode(tr.turns[0].prompt_ids)
+        listed = [line.split(":")[0][2:] for line in prompt.split("Tools:\n")[1].split("\n\n")[0].splitlines()]
+        assert tuple(listed) == tr.tools
+    assert len({tuple(tr.turns[0].prompt_ids) for tr in seen[:3]}) == 3
+
+
 # ---- checkpoints and resume -------------------------------------------------------------------
 
 def test_stop_then_resume_gives_the_same_parameters_as_an_uninterrupted_run(tiny_model_dir, tmp_path):
