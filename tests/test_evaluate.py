@@ -80,7 +80,7 @@ class ScriptedEngine:
         out = []
         for chat in chats:
             system, user = chat[0]["content"], chat[-1]["content"]
-            if "plan the next step" in system:
+            if "the next step of an agent" in system:
                 text = "Tool Name: Python_Coder\nSub-Goal: compute it\nContext: none"
             elif "plan how" in system:
                 text = "It asks for a calculation."

@@ -228,3 +228,32 @@ def test_without_the_verifier_every_trajectory_runs_max_turns_and_fact_lookup_ne
     assert [len(tr.turns) for tr in trajs] == [2, 2] and {tr.stop_reason for tr in trajs} == {"max_turns"}
     assert not any("check whether" in s or "input of a tool" in s for s in calls)  # only the generator ran
     assert all(t.command == e["query"] for e, tr in zip(examples, trajs) for t in tr.turns)
+
+
+class Planner:
+    """A planner from a script: Fact_Lookup with a fixed sub-goal."""
+
+    tokens_generated = 0
+
+    def __init__(self, sub_goal):
+        self.sub_goal = sub_goal
+
+    def generate(self, chats, **kwargs):
+        return [Generation(f" Fact_Lookup\nSub-Goal: {self.sub_goal}", [], [], []) for _ in chats]
+
+
+def test_fact_lookup_reads_the_sub_goal_then_the_question():
+    [e] = [e for e in tasks.load("planning", n=20) if e["suite"] == "fact"][:1]
+    cfg = RolloutConfig(max_turns=1, temperature=0.0, analysis_tokens=0, verify=False, tools="Fact_Lookup,Python_Coder")
+    frozen = Frozen()
+    box = Toolbox(cfg.tool_names(), llm=frozen)
+    # A sub-goal that names no entity: the question still names it (an executor would have seen both).
+    [tr] = rollout([e["query"]], Planner("Find a fact about a person"), frozen, box, cfg, examples=[e])
+    assert tr.turns[0].command == f"Find a fact about a person | {e['query']}"
+    assert tr.turns[0].result == facts.lookup(e["query"]) and not tr.turns[0].result.startswith("Error")
+    # A sub-goal that names another fact of the entity asks for that fact: what to ask still matters.
+    q = "Who founded Noullysk Foundry?"
+    [tr] = rollout([q], Planner("founding year of Noullysk Foundry"), frozen, box, cfg)
+    assert tr.turns[0].result == "founding year of Noullysk Foundry: 1856"
+    [tr] = rollout([q], Planner(q), frozen, box, cfg)  # the question as sub-goal: the command is the question
+    assert tr.turns[0].command == q and tr.turns[0].result == "founder of Noullysk Foundry: Brukras Veirtha"

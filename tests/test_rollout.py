@@ -52,7 +52,7 @@ class ScriptedEngine:
         out = []
         for chat in chats:
             system = chat[0]["content"]
-            if "plan the next step" in system:
+            if "the next step of an agent" in system:
                 text = "Tool Name: Python_Coder\nSub-Goal: multiply\nContext: none"
             elif "plan how" in system:
                 text = "It asks for a product."
@@ -85,7 +85,7 @@ def test_a_planner_that_never_names_a_tool_still_ends_with_an_answer_and_is_coun
         def generate(self, chats, **kw):
             gens = super().generate(chats, **kw)
             for chat, g in zip(chats, gens):
-                if "plan the next step" in chat[0]["content"]:
+                if "the next step of an agent" in chat[0]["content"]:
                     g.text = " I like turtles."
             return gens
 
