@@ -150,7 +150,7 @@ def test_paired_difference_edges():
 
 
 class Frozen:
-    """Executor, verifier and generator from a script: the Fact_Lookup command is the sub-goal."""
+    """Executor, verifier and generator from a script (Fact_Lookup needs no executor: rollout.py builds its command)."""
 
     def generate(self, chats, max_new_tokens=64, temperature=0.0, prefix="", stop=()):
         out = []
