@@ -263,9 +263,9 @@ def collate(turns, pad_id: int, device) -> dict:
 
 def micro_batches(turns, size: int, share_prompts: bool = False) -> list[tuple[list, bool]]:
     """Rows sorted by length and cut into micro-batches of `size` (little padding per forward), as
-    (rows, shared) pairs. share_prompts (speedups) first puts rows with the same prompt together, to
-    have their prompt computed once (speedups/shared_prompt.py)."""
-    shared, turns = shared_prompt.group_by_prompt(turns, size) if share_prompts else ([], turns)
+    (rows, shared) pairs. share_prompts (speedups) first puts rows with a long common prompt prefix
+    together, to have that prefix computed once (speedups/shared_prompt.py)."""
+    shared, turns = shared_prompt.group_by_prefix(turns, size) if share_prompts else ([], turns)
     turns = sorted(turns, key=lambda t: len(t.prompt_ids) + len(t.response_ids))
     return [(chunk, True) for chunk in shared] + [(turns[i:i + size], False) for i in range(0, len(turns), size)]
 
@@ -282,9 +282,12 @@ def forward(model, chunk, shared: bool, pad_id: int, device):
     return out.logits[:, :-1], batch, int(batch["attention_mask"].sum())  # position p predicts token p + 1
 
 
-def row_values(values, b: int, n: int, shared: bool):
-    """Row b's n response values: left-aligned in the shared layout, right-aligned when left-padded."""
-    return values[b, :n] if shared else values[b, values.shape[1] - n:]
+def row_values(values, b: int, n: int, batch: dict):
+    """Row b's n response values: at the row's own offset in the shared layout, right-aligned when left-padded."""
+    if batch.get("shared"):
+        s = int(batch["start"][b])
+        return values[b, s:s + n]
+    return values[b, values.shape[1] - n:]
 
 
 @torch.no_grad()
@@ -295,7 +298,7 @@ def fill_logprobs(model, turns, attr: str, cfg, accelerator, share_prompts: bool
         logits, batch, _ = forward(model, chunk, shared, pad_id, accelerator.device)
         logp = token_logprobs(logits, batch["targets"], cfg.temperature).float().cpu()  # (B, R)
         for b, t in enumerate(chunk if real else []):
-            setattr(t, attr, row_values(logp, b, len(t.response_ids), shared).tolist())
+            setattr(t, attr, row_values(logp, b, len(t.response_ids), batch).tolist())
 
 
 def training_rows(trajs, rewards, group_of, cfg) -> list[tuple]:

@@ -1,17 +1,22 @@
-"""The update computes a prompt shared by several rows once (the G rows of a question's first turn).
+"""The update computes a prompt PREFIX shared by several rows once.
 
-At the first turn the G rows of a question have the very same prompt s_1 (a few hundred tokens) and
-differ only in their ~20 response tokens, so most of a left-padded micro-batch is the same prompt
-computed G times. Here the prompt runs once, its KV cache is expanded (a view, no copy) to the G
-responses, and the responses run on top of it. The gradient still flows into the prompt's computation
-through the cache, and adds up over the G rows: the loss, its gradient and every log-prob equal the
-left-padded layout's up to float rounding (tests/test_update.py). On the CPU preset that cuts the
-tokens an update computes several-fold.
+Rows of an update often begin with the same tokens: the G rows of a question's first turn have the
+very same prompt s_1; rows that differ only near the end of the prompt (a tool list shown in another
+order in its last line, a later turn's memory after the same question) share everything before it;
+and every planner prompt starts with the same system line and tool list. In a left-padded micro-batch
+those tokens are computed once per row. Here the longest prefix common to a chunk of rows runs once,
+its KV cache is expanded (a view, no copy) to the rows, and each row's own tokens (the rest of its
+prompt, then its response) run on top of it. The gradient still flows into the prefix's computation
+through the cache and adds up over the rows: the loss, its gradient and every log-prob equal the
+left-padded layout's up to float rounding (tests/test_update.py).
 
-train.py's micro_batches(turns, size, shared=True) hands rows here; they come back as the same
-batch dict that train.collate makes, except that the response-side tensors are LEFT-aligned (row b's
-tokens are positions [0, R_b)), which `row_values` undoes. It cannot apply, and train.py keeps the
-plain rows, where:
+    row b:   [ shared prefix (P) | own prompt tail (S_b) | response (n_b) | right padding ]
+    loss mask:        -                     0                  1                 0
+
+train.py's micro_batches(turns, size, share_prompts=True) hands rows here; they come back as the same
+batch dict that train.collate makes, except that the response-side tensors are laid out as above (row
+b's response at its own offset, `batch["start"][b]`, which train.row_values reads).
+It cannot apply, and train.py keeps the plain rows, where:
 - several processes train (DDP and FSDP need one forward per backward; this makes two);
 - gradient checkpointing is on (transformers then turns the KV cache off, and there is none to share).
 
@@ -20,51 +25,102 @@ Test: python -m pytest -q tests/test_update.py
 
 import torch
 
+# A chunk shares its prefix only when the prefix is at least this many tokens: below that, the second
+# forward call and the right padding of the rows' tails cost more than the tokens saved.
+MIN_SHARED = 32
 
-def group_by_prompt(turns, size: int):
-    """(shared chunks, the rest): rows with the same prompt go together, at most `size` a chunk."""
-    groups = {}
-    for t in turns:
-        groups.setdefault(tuple(t.prompt_ids), []).append(t)
-    shared = [g[i:i + size] for g in groups.values() if len(g) > 1 for i in range(0, len(g), size)]
-    rest = [g[0] for g in groups.values() if len(g) == 1]
+
+def common_prefix(a, b) -> int:
+    """Length of the longest common prefix of two token lists."""
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
+def group_by_prefix(turns, size: int, min_shared: int = MIN_SHARED):
+    """(shared chunks, the rest). Rows sorted by prompt (rows with long common prefixes sit next to each
+    other) are cut greedily into chunks of at most `size`. A row joins the chunk when that saves
+    tokens: the p' prefix tokens it then does not compute must outweigh what the chunk's n rows
+    compute again when the shared prefix shrinks from p to p' (n (p - p')). So the G rows of one
+    prompt stay together, and so do rows that differ only near the end; a row that shares less than
+    `min_shared` tokens with its neighbours goes to the plain rest."""
+    order = sorted(turns, key=lambda t: tuple(t.prompt_ids))
+    chunks, chunk, prefix = [], [], 0
+    for t in order:
+        if chunk:
+            p = min(prefix, common_prefix(chunk[0].prompt_ids, t.prompt_ids))
+            if len(chunk) < size and p >= min_shared and p >= len(chunk) * (prefix - p):
+                chunk.append(t)
+                prefix = p
+                continue
+            chunks.append(chunk)
+        chunk, prefix = [t], len(t.prompt_ids)
+    if chunk:
+        chunks.append(chunk)
+    shared = [c for c in chunks if len(c) > 1]
+    rest = [c[0] for c in chunks if len(c) == 1]
     return shared, rest
 
 
 def collate(turns, device) -> dict:
-    """Rows that share one prompt: the prompt once, the responses right-padded after it."""
-    B, R = len(turns), max(len(t.response_ids) for t in turns)
-    targets = torch.zeros((B, R), dtype=torch.long)
-    mask, old, ref = torch.zeros((B, R)), torch.zeros((B, R)), torch.zeros((B, R))
-    for b, t in enumerate(turns):
-        n = len(t.response_ids)
-        targets[b, :n] = torch.tensor(t.response_ids)
-        mask[b, :n] = 1
-        old[b, :n] = torch.tensor(t.logprobs)
+    """Rows that share a prefix: the prefix once; each row's prompt tail and response after it, right-padded.
+
+    The tails are the model's input (`tail`, (B, T)). The loss-side tensors (targets, mask, old_logp,
+    ref_logp, (B, R)) start at the first tail position that any row's response occupies (`lo`), so that
+    no logit is computed for a tail position that only predicts prompt tokens; row b's response is at
+    [start_b, start_b + n_b) of them."""
+    P = len(turns[0].prompt_ids)
+    for t in turns[1:]:
+        P = min(P, common_prefix(turns[0].prompt_ids, t.prompt_ids))
+    tails = [t.prompt_ids[P:] + t.response_ids for t in turns]
+    B, T = len(turns), max(len(x) for x in tails)
+    lo = min(len(t.prompt_ids) - P for t in turns)
+    tail = torch.zeros((B, T), dtype=torch.long)
+    attention = torch.zeros((B, T), dtype=torch.long)
+    mask, old, ref = torch.zeros((B, T - lo)), torch.zeros((B, T - lo)), torch.zeros((B, T - lo))
+    start = []
+    for b, (t, ids) in enumerate(zip(turns, tails)):
+        s, n = len(t.prompt_ids) - P - lo, len(t.response_ids)
+        tail[b, :len(ids)] = torch.tensor(ids)
+        attention[b, :len(ids)] = 1
+        mask[b, s:s + n] = 1
+        old[b, s:s + n] = torch.tensor(t.logprobs)
         if t.ref_logp is not None:
-            ref[b, :n] = torch.tensor(t.ref_logp)
-    batch = dict(prompt=torch.tensor([turns[0].prompt_ids]), targets=targets, mask=mask, old_logp=old, ref_logp=ref,
+            ref[b, s:s + n] = torch.tensor(t.ref_logp)
+        start.append(s)
+    batch = dict(prompt=torch.tensor([turns[0].prompt_ids[:P]]), tail=tail, tail_attention=attention,
+                 targets=tail[:, lo:], mask=mask, old_logp=old, ref_logp=ref, start=torch.tensor(start),
                  advantages=torch.tensor([t.advantage for t in turns], dtype=torch.float32),  # (B,)
-                 turns=torch.tensor([float(t.traj_turns) for t in turns]), shared=True)  # (1, P), (B, R) x4, (B,) x2
+                 turns=torch.tensor([float(t.traj_turns) for t in turns]), shared=True)  # (1, P), (B, T) x2, (B, R) x4, (B,) x3
     return {k: v.to(device) if torch.is_tensor(v) else v for k, v in batch.items()}
 
 
 def response_logits(model, batch):
-    """(B, R, V) logits for B responses after ONE shared prompt: prompt pass, then response pass on its cache."""
-    B, R = batch["targets"].shape
+    """(B, R, V) logits predicting batch["targets"] for B rows after ONE shared prefix: the prefix
+    pass, then the tails on its cache, the language-model head (a 49k vocabulary) only where needed."""
+    B, T = batch["tail"].shape
+    R = batch["targets"].shape[1]
     P = batch["prompt"].shape[1]
-    first = model(input_ids=batch["prompt"], use_cache=True, logits_to_keep=1)  # the last prompt logit predicts token 0
+    first = model(input_ids=batch["prompt"], use_cache=True, logits_to_keep=1)  # the last prefix logit predicts tail token 0
     cache = first.cache
     for layer in cache.layers:  # (1, heads, P, d) -> (B, heads, P, d), a view: no copy, gradients add up
         layer.keys = layer.keys.expand(B, -1, -1, -1)
         layer.values = layer.values.expand(B, -1, -1, -1)
-    device = batch["mask"].device
-    attention = torch.cat([torch.ones((B, P), dtype=torch.long, device=device), batch["mask"].long()], dim=1)
-    positions = (P + torch.arange(R, device=device)).expand(B, R)
-    rest = model(input_ids=batch["targets"], attention_mask=attention, position_ids=positions, cache=cache, use_cache=False)
-    return torch.cat([first.logits[:, -1:].expand(B, -1, -1), rest.logits[:, :-1]], dim=1)
+    device = batch["tail"].device
+    attention = torch.cat([torch.ones((B, P), dtype=torch.long, device=device), batch["tail_attention"]], dim=1)
+    positions = (P + torch.arange(T, device=device)).expand(B, T)
+    lo = T - R  # targets = tail[:, lo:]; tail position j predicts tail token j + 1
+    if lo == 0:  # some row's response starts right after the prefix: its first token comes from the prefix pass
+        rest = model(input_ids=batch["tail"], attention_mask=attention, position_ids=positions, cache=cache,
+                     use_cache=False, logits_to_keep=T)
+        return torch.cat([first.logits[:, -1:].expand(B, -1, -1), rest.logits[:, :-1]], dim=1)
+    rest = model(input_ids=batch["tail"], attention_mask=attention, position_ids=positions, cache=cache,
+                 use_cache=False, logits_to_keep=R + 1)  # positions lo - 1 .. T - 1
+    return rest.logits[:, :-1]
 
 
 def tokens_computed(batch) -> int:
-    """Real tokens a forward over this batch computes: the prompt once, then every response token."""
-    return batch["prompt"].shape[1] + int(batch["mask"].sum())
+    """Real tokens a forward over this batch computes: the prefix once, then every row's own tokens."""
+    return batch["prompt"].shape[1] + int(batch["tail_attention"].sum())

@@ -31,6 +31,13 @@ def _rows():
     for n, p in [(4, 30), (2, 52)]:  # later turns: prompts of their own
         ids = torch.randint(3, 900, (p + n,)).tolist()
         rows.append(turn(ids[:p], ids[p:], [-1.0] * n, 0.7, 2, [-1.1] * n))
+    # Another question's group whose prompts differ only in their last tokens (its tool list shown in
+    # another order at the end): they share a 45-token prefix, and one prompt is the prefix itself.
+    common = torch.randint(3, 900, (45,)).tolist()
+    for i, (tail, n) in enumerate([(3, 2), (6, 4), (0, 3)]):
+        resp = torch.randint(3, 900, (n,)).tolist()
+        rows.append(turn(common + torch.randint(3, 900, (tail,)).tolist(), resp, [-1.5] * n, [0.9, -0.3, -0.6][i], 1,
+                         [-1.4] * n))
     return rows
 
 
@@ -41,13 +48,25 @@ def test_shared_prompt_logprobs_equal_left_padded_logprobs():
         for layout in (shared, False):
             logits, batch, _ = train.forward(model, chunk, layout, 0, "cpu")
             lp = token_logprobs(logits, batch["targets"], 0.7)
-            values = [train.row_values(lp, b, len(t.response_ids), layout) for b, t in enumerate(chunk)]
+            values = [train.row_values(lp, b, len(t.response_ids), batch) for b, t in enumerate(chunk)]
             if layout:
                 shared_values = values
             elif shared:
                 for a, b in zip(shared_values, values):
                     assert torch.allclose(a, b, atol=1e-5)
-    assert any(s for _, s in train.micro_batches(rows, 8, share_prompts=True))
+    chunks = train.micro_batches(rows, 8, share_prompts=True)
+    sizes = sorted(len(c) for c, s in chunks if s)
+    assert sizes == [3, 4]  # the group with one prompt, and the group that shares a prefix
+    assert sum(len(c) for c, _ in chunks) == len(rows)  # every row trains, once
+
+
+def test_rows_that_share_little_stay_plain():
+    """Two rows whose prompts share fewer than MIN_SHARED tokens are not worth a second forward call."""
+    from speedups import shared_prompt
+    a = turn(list(range(3, 40)), [5, 6], [-1.0] * 2, 1.0, 1, None)
+    b = turn(list(range(3, 10)) + list(range(100, 130)), [7], [-1.0], -1.0, 1, None)
+    shared, rest = shared_prompt.group_by_prefix([a, b], 8)
+    assert shared == [] and len(rest) == 2
 
 
 def test_an_update_with_shared_prompts_matches_one_without():
@@ -66,3 +85,15 @@ def test_an_update_with_shared_prompts_matches_one_without():
     assert stats_a["tokens"] < stats_b["tokens"]  # the shared prompt is computed once, not four times
     for (name, p), q in zip(a.named_parameters(), b.parameters()):
         assert torch.allclose(p, q, atol=1e-5), name
+
+
+def test_rows_of_one_prompt_are_not_split_for_a_shorter_prefix():
+    """Two groups of identical prompts that share only their first 40 tokens: each group keeps its whole
+    prompt shared (4 rows x 30 more tokens recomputed would cost more than 40 tokens saved)."""
+    from speedups import shared_prompt
+    head = list(range(3, 43))
+    a = [turn(head + list(range(100, 130)), [5], [-1.0], 1.0, 1, None) for _ in range(2)]
+    b = [turn(head + list(range(200, 230)), [6], [-1.0], 1.0, 1, None) for _ in range(2)]
+    shared, rest = shared_prompt.group_by_prefix(a + b, 8)
+    assert sorted(len(c) for c in shared) == [2, 2] and rest == []
+    assert all(len({tuple(t.prompt_ids) for t in c}) == 1 for c in shared)
