@@ -4,4 +4,5 @@
     metrics.py     the per-step metrics line, reduced over processes, and a parameter digest
     models.py      loading a model: the embedded SmolLM2 (its GGUF file converted once) or any Hugging Face one
     report.py      Wilson intervals, the static HTML trajectory viewer, the --compare table
+    tool_choice.py P(the planner names each tool) per question kind and tool order: routing or position
 """

@@ -11,7 +11,7 @@ from conftest import ROOT
 
 SCRIPTS = [["train.py"], ["evaluate.py"], ["rollout.py"], ["demo.py"], ["bench.py"], ["tools.py"], ["engine.py"],
            ["-m", "environment.tasks"], ["-m", "environment.corpus"], ["-m", "environment.search"],
-           ["-m", "environment.sandbox"], ["-m", "environment.facts"], ["-m", "scaleout.remote_engine"], ["scripts/gpu_check.py"]]
+           ["-m", "environment.sandbox"], ["-m", "environment.facts"], ["-m", "bookkeeping.tool_choice"], ["-m", "scaleout.remote_engine"], ["scripts/gpu_check.py"]]
 
 
 @pytest.mark.parametrize("script", SCRIPTS, ids=lambda s: s[-1])

@@ -257,3 +257,42 @@ def test_fact_lookup_reads_the_sub_goal_then_the_question():
     assert tr.turns[0].result == "founding year of Noullysk Foundry: 1856"
     [tr] = rollout([q], Planner(q), frozen, box, cfg)  # the question as sub-goal: the command is the question
     assert tr.turns[0].command == q and tr.turns[0].result == "founder of Noullysk Foundry: Brukras Veirtha"
+
+
+def test_tool_choice_reads_the_planner_probabilities_and_the_routing_margin(tokenizer):
+    """bookkeeping.tool_choice: P(tool) per kind and order equals a plain one-row forward of the planner
+    prompt + tool name; the routing margin is 0 for a planner that follows the list, 1 for the oracle."""
+    import torch
+    from bookkeeping import tool_choice
+    from conftest import make_tiny_model
+    from engine import encode_chat
+    from memory import Memory
+    tok = tokenizer
+    model = make_tiny_model(len(tok))
+    tools = ("Python_Coder", "Fact_Lookup")
+    got = tool_choice.tool_probabilities(model, tok, "What is 3 * 4?", tools)
+    for t, p in zip(tools, got):
+        prompt = encode_chat(tok, modules.planner_prompt("What is 3 * 4?", "", tools, Memory()), modules.PLANNER_PREFIX)
+        name = tok(" " + t, add_special_tokens=False).input_ids
+        with torch.no_grad():
+            logp = torch.log_softmax(model(torch.tensor([prompt + name])).logits[0, len(prompt) - 1:-1], -1)
+        assert abs(p - float(logp[torch.arange(len(name)), torch.tensor(name)].sum().exp())) < 1e-5
+    exs = [{"query": "q1", "kind": "calculation", "tools": ["Python_Coder"]}, {"query": "q2", "kind": "fact", "tools": ["Fact_Lookup"]}]
+    by_position = {"calculation": {"Python_Coder": [0.9, 0.1], "Fact_Lookup": [0.1, 0.9]},
+                   "fact": {"Python_Coder": [0.9, 0.1], "Fact_Lookup": [0.1, 0.9]}}
+    oracle = {"calculation": {"Python_Coder": [1.0, 0.0], "Fact_Lookup": [1.0, 0.0]},
+              "fact": {"Python_Coder": [0.0, 1.0], "Fact_Lookup": [0.0, 1.0]}}
+    assert tool_choice.routing_margins(by_position, exs, tools) == {"Python_Coder": 0.0, "Fact_Lookup": 0.0}
+    assert tool_choice.routing_margins(oracle, exs, tools) == {"Python_Coder": 1.0, "Fact_Lookup": 1.0}
+    tab = tool_choice.table(model, tok, [dict(e, query="What is 3 * 4?") for e in exs], tools)
+    assert set(tab) == {"calculation", "fact"} and all(set(v) == set(tools) for v in tab.values())
+
+
+def test_tool_choice_command_prints_a_table_and_margins(tiny_model_dir):
+    res = subprocess.run([sys.executable, "-m", "bookkeeping.tool_choice", "--model", str(tiny_model_dir), "--n", "1"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert "Fact_Lookup first" in res.stdout and "routing margin Python_Coder" in res.stdout
+    bad = subprocess.run([sys.executable, "-m", "bookkeeping.tool_choice", "--tools", "Python_Coder,Nope", "--n", "1"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert bad.returncode == 2 and "Nope" in bad.stderr
