@@ -26,8 +26,10 @@ import torch
 
 import modules
 from engine import encode_chat
+from flow_grpo import token_logprobs
 from memory import Memory
 from environment import tasks
+from train import tool_orders
 
 
 def tool_probabilities(model, tokenizer, query: str, tools) -> list[float]:
@@ -41,13 +43,10 @@ def tool_probabilities(model, tokenizer, query: str, tools) -> list[float]:
     for i, n in enumerate(names):
         ids[i, :prompt.shape[1]] = prompt[0]
         ids[i, prompt.shape[1]:prompt.shape[1] + len(n)] = torch.tensor(n)
-    with torch.no_grad():
-        logp = torch.log_softmax(model(input_ids=ids.to(model.device)).logits[:, prompt.shape[1] - 1:-1].float(), -1)
-    out = []
-    for i, n in enumerate(names):
-        picked = logp[i, torch.arange(len(n)), torch.tensor(n, device=logp.device)]
-        out.append(float(picked.sum().exp()))
-    return out
+    ids = ids.to(model.device)
+    with torch.no_grad():  # position p predicts token p + 1: the logits from the prompt's last token on
+        logp = token_logprobs(model(input_ids=ids).logits[:, prompt.shape[1] - 1:-1].float(), ids[:, prompt.shape[1]:])
+    return [float(logp[i, :len(n)].sum().exp()) for i, n in enumerate(names)]
 
 
 def kind_of(ex) -> str:
@@ -56,7 +55,7 @@ def kind_of(ex) -> str:
 
 def table(model, tokenizer, examples, tools) -> dict:
     """{kind: {first tool of the order: [P(tool) for tool in tools]}}, averaged over that kind's examples."""
-    orders = [tuple(tools[j:]) + tuple(tools[:j]) for j in range(len(tools))]
+    orders = tool_orders(tools, len(tools), rotate=True)  # every rotation once, as in training
     kinds = {}
     for ex in examples:
         kinds.setdefault(kind_of(ex), []).append(ex)

@@ -39,19 +39,19 @@ def common_prefix(a, b) -> int:
     return i
 
 
-def group_by_prefix(turns, size: int, min_shared: int = MIN_SHARED):
+def group_by_prefix(turns, size: int):
     """(shared chunks, the rest). Rows sorted by prompt (rows with long common prefixes sit next to each
     other) are cut greedily into chunks of at most `size`. A row joins the chunk when that saves
     tokens: the p' prefix tokens it then does not compute must outweigh what the chunk's n rows
     compute again when the shared prefix shrinks from p to p' (n (p - p')). So the G rows of one
     prompt stay together, and so do rows that differ only near the end; a row that shares less than
-    `min_shared` tokens with its neighbours goes to the plain rest."""
+    MIN_SHARED tokens with its neighbours goes to the plain rest."""
     order = sorted(turns, key=lambda t: tuple(t.prompt_ids))
     chunks, chunk, prefix = [], [], 0
     for t in order:
         if chunk:
             p = min(prefix, common_prefix(chunk[0].prompt_ids, t.prompt_ids))
-            if len(chunk) < size and p >= min_shared and p >= len(chunk) * (prefix - p):
+            if len(chunk) < size and p >= MIN_SHARED and p >= len(chunk) * (prefix - p):
                 chunk.append(t)
                 prefix = p
                 continue
@@ -111,14 +111,13 @@ def response_logits(model, batch):
     device = batch["tail"].device
     attention = torch.cat([torch.ones((B, P), dtype=torch.long, device=device), batch["tail_attention"]], dim=1)
     positions = (P + torch.arange(T, device=device)).expand(B, T)
-    lo = T - R  # targets = tail[:, lo:]; tail position j predicts tail token j + 1
-    if lo == 0:  # some row's response starts right after the prefix: its first token comes from the prefix pass
-        rest = model(input_ids=batch["tail"], attention_mask=attention, position_ids=positions, cache=cache,
-                     use_cache=False, logits_to_keep=T)
-        return torch.cat([first.logits[:, -1:].expand(B, -1, -1), rest.logits[:, :-1]], dim=1)
+    # targets = tail[:, T - R:] and tail position j predicts tail token j + 1: keep positions T - R - 1 ..
+    # T - 2. When T == R some row's response starts right after the prefix, and the prefix pass's last
+    # logit predicts its first token.
     rest = model(input_ids=batch["tail"], attention_mask=attention, position_ids=positions, cache=cache,
-                 use_cache=False, logits_to_keep=R + 1)  # positions lo - 1 .. T - 1
-    return rest.logits[:, :-1]
+                 use_cache=False, logits_to_keep=min(R + 1, T))
+    logits = rest.logits[:, :-1]
+    return torch.cat([first.logits[:, -1:].expand(B, -1, -1), logits], dim=1) if R == T else logits
 
 
 def tokens_computed(batch) -> int:

@@ -38,6 +38,12 @@ def _rows():
         resp = torch.randint(3, 900, (n,)).tolist()
         rows.append(turn(common + torch.randint(3, 900, (tail,)).tolist(), resp, [-1.5] * n, [0.9, -0.3, -0.6][i], 1,
                          [-1.4] * n))
+    # And one whose prompts all go on past the shared prefix (no response starts right after it).
+    common = torch.randint(3, 900, (38,)).tolist()
+    for i, (tail, n) in enumerate([(2, 3), (5, 2)]):
+        resp = torch.randint(3, 900, (n,)).tolist()
+        rows.append(turn(common + torch.randint(3, 900, (tail,)).tolist(), resp, [-1.2] * n, [0.5, -0.5][i], 1,
+                         [-1.3] * n))
     return rows
 
 
@@ -56,7 +62,7 @@ def test_shared_prompt_logprobs_equal_left_padded_logprobs():
                     assert torch.allclose(a, b, atol=1e-5)
     chunks = train.micro_batches(rows, 8, share_prompts=True)
     sizes = sorted(len(c) for c, s in chunks if s)
-    assert sizes == [3, 4]  # the group with one prompt, and the group that shares a prefix
+    assert sizes == [2, 3, 4]  # the group with one prompt, and the two groups that share a prefix
     assert sum(len(c) for c, _ in chunks) == len(rows)  # every row trains, once
 
 
