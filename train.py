@@ -54,7 +54,7 @@ from tqdm import tqdm
 
 from bookkeeping import checkpoint
 from bookkeeping.metrics import console_line, step_metrics, write_param_digest
-from bookkeeping.models import EMBEDDED, load_model
+from bookkeeping.models import EMBEDDED, load_model, train_top_layers
 from engine import HFEngine, left_pad
 from environment import scoring, tasks
 from flow_grpo import (AGGREGATIONS, KL_KINDS, broadcast, entropy_from_logits, flat_groups, flow_grpo_loss,
@@ -74,6 +74,8 @@ class Config(RolloutConfig):
     model: str = arg(EMBEDDED, "initial planner weights and frozen modules: HF id, folder, or 'embedded' (SmolLM2-135M)")
     frozen_engine: str = arg("", "URL of an OpenAI-compatible server (http://host:port/v1[#model]) for the frozen modules")
     gradient_checkpointing: bool = arg(False, "recompute activations in the backward pass: less memory, about 30% more time")
+    train_layers: int = arg(0, "train only the top N decoder layers and the final norm; the rest keep their initial "
+                               "weights and skip the backward pass (0 = train all, the paper)")
     # data
     data: str = arg("mixed", "training questions: a suite (arithmetic, game24, lookup, mixed) or a JSON/JSONL file")
     seed: int = arg(0, "the one seed; per-step rollout seeds derive from (seed, step, rank)")
@@ -126,6 +128,7 @@ PRESETS = {
                      group_size=6, questions_per_step=4, mini_batch_questions=4, max_turns=1, verify=False,
                      analysis_tokens=0, planner_tokens=20, executor_tokens=24, verifier_tokens=6, generator_tokens=12,
                      memory_chars=500, temperature=0.7, rotate_tools=True, filter_groups=True, lr=2e-5, steps=12,
+                     train_layers=6, kl_coef=0.0,
                      eval_every=3, eval_n=20, checkpoint_every=10, speedups=True, max_batch=64),
     # The embedded 135M model on two CPU cores: small groups, short outputs, a higher learning rate
     # (a 135M model moves little at the 7B rate of 1e-6 in a few dozen steps).
@@ -191,6 +194,7 @@ def validate(cfg: Config, world: int = 1):
         (cfg.mini_batch_questions % world == 0,
          f"--mini-batch-questions {cfg.mini_batch_questions} must be a multiple of the {world} processes"),
         (cfg.micro_batch_rows >= 1 and cfg.epochs >= 1, "--micro-batch-rows and --epochs must be >= 1"),
+        (cfg.train_layers >= 0, f"--train-layers {cfg.train_layers}: must be >= 0 (0 trains every layer)"),
         (not cfg.filter_groups or world == 1, "--filter-groups leaves each process a different number of rows, which "
          "DDP's gradient all-reduce cannot follow: run one process or pass --no-filter-groups"),
     ]
@@ -410,6 +414,8 @@ def train(cfg: Config, reward_fn=None, given=frozenset(), accelerator=None) -> d
     set_sandbox(cfg.sandbox)  # strict where snippets cannot be isolated stops here, before any work
     rank, world = accelerator.process_index, accelerator.num_processes
     fsdp = accelerator.distributed_type == DistributedType.FSDP
+    if fsdp and cfg.train_layers:  # untested there: frozen and trained parameters would share FSDP's flat shards
+        raise SystemExit("train.py: --train-layers is not supported under FSDP; pass --train-layers 0")
     bf16 = accelerator.mixed_precision == "bf16"
     out = Path(cfg.out)
     if not cfg.resume and ((out / "metrics.jsonl").exists() or any((out / "checkpoints").glob("step-*"))):
@@ -448,10 +454,11 @@ def train(cfg: Config, reward_fn=None, given=frozenset(), accelerator=None) -> d
                                    device="cpu" if fsdp else accelerator.device)
     frozen, _ = load_model(cfg.model, dtype=torch.bfloat16 if bf16 else torch.float32, device=accelerator.device)
     frozen.requires_grad_(False)
-    if cfg.gradient_checkpointing:
+    trainable = train_top_layers(policy, cfg.train_layers)  # every parameter, unless --train-layers
+    if cfg.gradient_checkpointing:  # transformers' default, non-reentrant: it works with frozen lower layers
         policy.gradient_checkpointing_enable()
     policy.train()
-    optimizer = torch.optim.AdamW(policy.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+    optimizer = torch.optim.AdamW(trainable, lr=cfg.lr, weight_decay=cfg.weight_decay)
     policy, optimizer = accelerator.prepare(policy, optimizer)
     if ckpt:
         if fsdp:

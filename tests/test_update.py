@@ -103,3 +103,40 @@ def test_rows_of_one_prompt_are_not_split_for_a_shorter_prefix():
     shared, rest = shared_prompt.group_by_prefix(a + b, 8)
     assert sorted(len(c) for c in shared) == [2, 2] and rest == []
     assert all(len({tuple(t.prompt_ids) for t in c}) == 1 for c in shared)
+
+
+def test_training_the_top_layers_updates_them_as_a_full_update_does_and_nothing_else():
+    """--train-layers 1 on the 2-layer tiny model: layer 1 and the final norm move exactly as they do
+    when every parameter trains (the backward pass below them is skipped, not changed); the embeddings
+    (tied to the head) and layer 0 keep their weights. Also under gradient checkpointing, where the
+    checkpointed layers see inputs that need no gradient."""
+    from bookkeeping.models import train_top_layers
+    # No clipping: the global norm differs when fewer parameters have a gradient.
+    cfg = types.SimpleNamespace(epochs=1, agg="token-mean", micro_batch_rows=3, temperature=0.7, clip_low=0.2,
+                                clip_high=0.3, clip_c=0.0, kl_kind="low_var_kl", kl_coef=0.001, grad_clip=1e9)
+    start = make_tiny_model(1000).train()
+    full = copy.deepcopy(start)
+    train.update(cfg, Accelerator(cpu=True), full, torch.optim.SGD(full.parameters(), lr=1.0), [_rows()], 0, True)
+    for checkpointing in (False, True):
+        top = copy.deepcopy(start)
+        trainable = train_top_layers(top, 1)
+        assert {id(p) for p in trainable} == {id(p) for p in [*top.model.layers[1].parameters(), top.model.norm.weight]}
+        if checkpointing:
+            top.gradient_checkpointing_enable()
+        top.train()
+        stats = train.update(cfg, Accelerator(cpu=True), top, torch.optim.SGD(trainable, lr=1.0), [_rows()], 0,
+                             share_prompts=not checkpointing)
+        assert stats["optimizer_steps"] == 1
+        for (name, p), q, p0 in zip(top.named_parameters(), full.parameters(), start.parameters()):
+            if name.startswith(("model.layers.1.", "model.norm.")):
+                assert not torch.allclose(p, p0) and torch.allclose(p, q, atol=1e-5), name
+            else:
+                assert torch.equal(p, p0), name
+
+
+def test_train_layers_beyond_the_model_is_refused_with_what_to_pass():
+    import pytest
+    from bookkeeping.models import train_top_layers
+    with pytest.raises(SystemExit, match="has 2 layers"):
+        train_top_layers(make_tiny_model(1000), 3)
+    assert len(train_top_layers(make_tiny_model(1000), 0)) == len(list(make_tiny_model(1000).parameters()))
