@@ -75,7 +75,7 @@ class Config(RolloutConfig):
     frozen_engine: str = arg("", "URL of an OpenAI-compatible server (http://host:port/v1[#model]) for the frozen modules")
     gradient_checkpointing: bool = arg(False, "recompute activations in the backward pass: less memory, about 30% more time")
     train_layers: int = arg(0, "train only the top N decoder layers and the final norm; the rest keep their initial "
-                               "weights and skip the backward pass (0 = train all, the paper)")
+                               "weights and skip the backward pass (all layers if the model has fewer; 0 = train every parameter, the paper)")
     # data
     data: str = arg("mixed", "training questions: a suite (arithmetic, game24, lookup, mixed) or a JSON/JSONL file")
     seed: int = arg(0, "the one seed; per-step rollout seeds derive from (seed, step, rank)")

@@ -134,9 +134,12 @@ def test_training_the_top_layers_updates_them_as_a_full_update_does_and_nothing_
                 assert torch.equal(p, p0), name
 
 
-def test_train_layers_beyond_the_model_is_refused_with_what_to_pass():
-    import pytest
+def test_train_layers_beyond_the_model_trains_every_layer_and_keeps_the_embeddings():
+    """A preset's --train-layers 6 on a 2-layer model (demo.py --model TINY): both layers and the norm
+    train, the embeddings (tied to the head) stay; 0 trains every parameter."""
     from bookkeeping.models import train_top_layers
-    with pytest.raises(SystemExit, match="has 2 layers"):
-        train_top_layers(make_tiny_model(1000), 3)
+    model = make_tiny_model(1000)
+    trainable = {id(p) for p in train_top_layers(model, 6)}
+    names = {n for n, p in model.named_parameters() if id(p) in trainable}
+    assert names == {n for n, _ in model.named_parameters() if n.startswith(("model.layers.", "model.norm."))}
     assert len(train_top_layers(make_tiny_model(1000), 0)) == len(list(make_tiny_model(1000).parameters()))
