@@ -40,8 +40,8 @@ from transformers.cache_utils import DynamicLayer
 from engine import left_pad
 
 
-def _common(a, b) -> int:
-    """Length of the longest common prefix of two token lists."""
+def common_prefix(a, b) -> int:
+    """Length of the longest common prefix of two token lists (also the update's: shared_prompt.py)."""
     n = min(len(a), len(b))
     for i in range(n):
         if a[i] != b[i]:
@@ -62,7 +62,7 @@ def plan_prefix_sharing(prompts):
     if len(prompts) < 2 or min(len(p) for p in prompts) < 2:
         return None
     order = sorted(range(len(prompts)), key=lambda i: prompts[i])
-    shared = [_common(prompts[a], prompts[b]) for a, b in zip(order, order[1:])]  # neighbours' common prefix
+    shared = [common_prefix(prompts[a], prompts[b]) for a, b in zip(order, order[1:])]  # neighbours' common prefix
     best, best_cost = None, sum(map(len, prompts))  # nothing shared
     for t in sorted(set(shared) - {0}):
         groups, runs = [[order[0]]], [[]]  # rows of each group, and the neighbour overlaps inside it

@@ -25,18 +25,11 @@ Test: python -m pytest -q tests/test_update.py
 
 import torch
 
+from speedups.prefill import common_prefix
+
 # A chunk shares its prefix only when the prefix is at least this many tokens: below that, the second
 # forward call and the right padding of the rows' tails cost more than the tokens saved.
 MIN_SHARED = 32
-
-
-def common_prefix(a, b) -> int:
-    """Length of the longest common prefix of two token lists."""
-    n = min(len(a), len(b))
-    i = 0
-    while i < n and a[i] == b[i]:
-        i += 1
-    return i
 
 
 def group_by_prefix(turns, size: int):
