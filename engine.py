@@ -108,6 +108,30 @@ class RecordLogprobs(LogitsProcessor):
         return torch.stack(self.picked, dim=1) if self.picked else None
 
 
+class FirstTokenChoice(LogitsProcessor):
+    """Restrict the FIRST generated token to `choices`, at a temperature of its own (--tool-temperature).
+
+    At the first step every other token gets -inf and the choices are scaled by
+    temperature / choice_temperature, so that the sampler's softmax(scores / temperature) is
+    softmax over the choices of (logits / choice_temperature); later steps pass through. Placed
+    before the recorder (plain path) or our sampler (speedups), so the recorded log-prob is that of
+    the restricted draw, the one flow_grpo.restrict_first_token recomputes in the update. Greedy:
+    the likeliest choice."""
+
+    def __init__(self, choices, temperature: float, choice_temperature: float):
+        self.choices = list(choices)
+        self.scale = (temperature / choice_temperature) if temperature > 0 else 1.0
+        self.first = True
+
+    def __call__(self, input_ids, scores):
+        if not self.first:
+            return scores
+        self.first = False
+        out = torch.full_like(scores, float("-inf"))
+        out[:, self.choices] = scores[:, self.choices] * self.scale
+        return out
+
+
 class StopAt(StoppingCriteria):
     """End a row at EOS or once its text contains a stop string, and record where each row ended.
 
@@ -162,32 +186,37 @@ class HFEngine:
         return encode_chat(self.tokenizer, chat, prefix)
 
     @torch.inference_mode()
-    def generate(self, chats, max_new_tokens=64, temperature=0.7, top_p=1.0, prefix="", stop=()) -> list[Generation]:
+    def generate(self, chats, max_new_tokens=64, temperature=0.7, top_p=1.0, prefix="", stop=(), choices=(),
+                 choice_temperature=1.0) -> list[Generation]:
         """Sample one completion per chat (after the forced `prefix`, if any), ending a row at EOS or at
         the first of the `stop` strings (kept in the output, as a stop token would be); rows are grouped
-        by prompt length to limit padding. Generation.text holds only what the model wrote."""
+        by prompt length to limit padding. Generation.text holds only what the model wrote. `choices`:
+        token ids the first new token is drawn from, at choice_temperature (FirstTokenChoice)."""
         prompts = [self.encode(c, prefix) for c in chats]
         order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
         results: list[Generation | None] = [None] * len(prompts)
         for start in range(0, len(order), self.max_batch):
             idx = order[start : start + self.max_batch]
-            for i, gen in zip(idx, self.generate_ids([prompts[i] for i in idx], max_new_tokens, temperature, top_p, stop)):
+            for i, gen in zip(idx, self.generate_ids([prompts[i] for i in idx], max_new_tokens, temperature, top_p, stop,
+                                                     choices, choice_temperature)):
                 results[i] = gen
         return results
 
     @torch.inference_mode()
-    def generate_ids(self, prompts, max_new_tokens=64, temperature=0.7, top_p=1.0, stop=()) -> list[Generation]:
+    def generate_ids(self, prompts, max_new_tokens=64, temperature=0.7, top_p=1.0, stop=(), choices=(),
+                     choice_temperature=1.0) -> list[Generation]:
         """One `generate` call over already-tokenised prompts."""
         t0 = time.perf_counter()
         pad, eos = self.tokenizer.pad_token_id, self.tokenizer.eos_token_id
         width = max(len(p) for p in prompts)
         stopper = StopAt(self.tokenizer, width, eos, tuple(stop))
+        first = [FirstTokenChoice(choices, temperature, choice_temperature)] if choices else []
         if self.speedups:
             from speedups.generate import sample  # the same contract, faster on a CPU
 
-            new, logprobs = sample(self.model, prompts, pad, eos, max_new_tokens, temperature, top_p, stopper)
+            new, logprobs = sample(self.model, prompts, pad, eos, max_new_tokens, temperature, top_p, stopper, first)
         else:
-            new, logprobs = self.sample(prompts, pad, eos, max_new_tokens, temperature, top_p, stopper)
+            new, logprobs = self.sample(prompts, pad, eos, max_new_tokens, temperature, top_p, stopper, first)
         # Cut each row where it ended (EOS kept: the policy sampled it and it is trained on).
         results = []
         for row in range(len(prompts)):
@@ -201,15 +230,16 @@ class HFEngine:
         self.seconds += time.perf_counter() - t0
         return results
 
-    def sample(self, prompts, pad, eos, max_new_tokens, temperature, top_p, stopper):
-        """The plain batch: (B, S) new tokens (padded after each row's end) and their (B, S) log-probs."""
+    def sample(self, prompts, pad, eos, max_new_tokens, temperature, top_p, stopper, first=()):
+        """The plain batch: (B, S) new tokens (padded after each row's end) and their (B, S) log-probs.
+        `first`: processors that run before the recorder (FirstTokenChoice)."""
         device = self.model.device
         input_ids, attention = left_pad(prompts, pad)  # (B, W)
         recorder = RecordLogprobs(temperature)
         out = self.model.generate(
             input_ids=input_ids.to(device), attention_mask=attention.to(device),
             generation_config=sampling_config(max_new_tokens, temperature, top_p, pad, eos),
-            logits_processor=LogitsProcessorList([recorder]), stopping_criteria=StoppingCriteriaList([stopper]),
+            logits_processor=LogitsProcessorList([*first, recorder]), stopping_criteria=StoppingCriteriaList([stopper]),
         )  # (B, W + S)
         logprobs = recorder.finish(out)
         return out[:, input_ids.shape[1]:].cpu(), None if logprobs is None else logprobs.cpu()

@@ -296,7 +296,7 @@ def parse_args(argv=None) -> tuple[EvalConfig, argparse.Namespace]:
     preset = {k: v for k, v in PRESETS[args.preset].items() if k in rollout_fields} if args.preset else {}
     given = {f.name: getattr(args, f.name) for f in fields(EvalConfig) if getattr(args, f.name) is not None}
     cfg = EvalConfig(**{**preset, **given})
-    for name, low in (("n", 1), ("batch_size", 1), ("max_turns", 1), ("temperature", 0), ("analysis_tokens", 0),
+    for name, low in (("n", 1), ("batch_size", 1), ("max_turns", 1), ("temperature", 0), ("tool_temperature", 0), ("analysis_tokens", 0),
                       ("planner_tokens", 1), ("executor_tokens", 1), ("verifier_tokens", 1), ("generator_tokens", 1)):
         if getattr(cfg, name) < low:
             parser.error(f"--{name.replace('_', '-')} must be >= {low}, got {getattr(cfg, name)}")

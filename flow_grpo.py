@@ -329,6 +329,44 @@ def _scaled_logits(logits: torch.Tensor, temperature: float) -> torch.Tensor:
     return scaled.div_(temperature) if scaled is not logits else scaled / temperature
 
 
+def restrict_first_token(logits: torch.Tensor, batch: dict, temperature: float, choice_temperature: float) -> torch.Tensor:
+    """The tool choice as the policy makes it under --tool-temperature: a row's FIRST response token
+    is drawn only from its `choices` (the first tokens of the listed tools' names), at the choice
+    temperature. Returns logits (B, T, V) in which, at that position of such a row, every other token
+    is -1e9 and the choices are scaled by temperature / choice_temperature, so that
+
+        log softmax(logits / temperature)[a] = log softmax over the choices of (logits / choice_temperature)[a]
+
+    which is exactly what the engine recorded when it sampled (engine.FirstTokenChoice). Every other
+    position is unchanged. batch["first_pos"] (B,) is each row's first response position (-1: a free
+    row) and batch["choices"] (B, K) the token ids (-1 pads). -1e9, not -inf: the entropy and the
+    log-softmax stay finite. A copy of the logits only when some row is restricted."""
+    rows = (batch["first_pos"] >= 0).nonzero().squeeze(1) if "first_pos" in batch else None
+    if rows is None or rows.numel() == 0:
+        return logits
+    pos = batch["first_pos"][rows]
+    z = logits[rows, pos]  # (n, V)
+    choices = batch["choices"][rows]  # (n, K)
+    keep = torch.zeros(z.shape, dtype=torch.bool, device=z.device)
+    keep.scatter_(1, choices.clamp(min=0), choices >= 0)
+    scale = (temperature if temperature > 0 else 1.0) / choice_temperature
+    z = torch.where(keep, z * scale, torch.full_like(z, -1e9))
+    return logits.index_put((rows, pos), z)
+
+
+def first_token_fields(choices_per_row, first_pos) -> dict:
+    """batch["first_pos"] (B,) and batch["choices"] (B, K) for restrict_first_token, from each row's
+    choices (a tuple of token ids; empty for a free row) and the position of its first response token."""
+    if not any(choices_per_row):
+        return {}
+    K = max(len(c) for c in choices_per_row)
+    choices = torch.full((len(choices_per_row), K), -1, dtype=torch.long)
+    for b, c in enumerate(choices_per_row):
+        choices[b, :len(c)] = torch.tensor(c, dtype=torch.long)
+    pos = torch.tensor([p if c else -1 for c, p in zip(choices_per_row, first_pos)], dtype=torch.long)
+    return {"first_pos": pos, "choices": choices}
+
+
 def token_logprobs(logits: torch.Tensor, targets: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
     """log softmax(logits / temperature)[target] for every position, (B, T, V) -> (B, T).
 
@@ -372,10 +410,15 @@ def flow_grpo_loss(logp: torch.Tensor, batch: dict, cfg, normaliser: float) -> t
     kl_coef, kl_kind, agg). normaliser is the WHOLE mini-batch's token count (token-mean) or trajectory
     count (flow), summed over processes, so micro-batch losses add up to the mini-batch loss.
     Returns (loss, stats): policy_loss's stats plus kl, the masked mean of the per-token KL estimate.
+    With kl_coef 0 there is no KL term and no reference pass fills ref_logp, so kl is 0.0 (train.py
+    reports it as null: a KL against log-probs that were never computed would be a made-up figure).
     """
     pg_loss, stats = policy_loss(logp, batch["old_logp"], batch["advantages"], batch["mask"],
                                  clip_low=cfg.clip_low, clip_high=cfg.clip_high, clip_c=cfg.clip_c or None,
                                  agg=cfg.agg, turn_counts=batch["turns"], normaliser=normaliser)
+    if cfg.kl_coef == 0:
+        stats["kl"] = 0.0
+        return pg_loss, stats
     per_token_kl = kl_penalty(logp, batch["ref_logp"], cfg.kl_kind)  # (B, T)
     kl_loss = agg_loss(per_token_kl, batch["mask"], agg=cfg.agg, turn_counts=batch["turns"], normaliser=normaliser)
     with torch.no_grad():

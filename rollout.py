@@ -35,6 +35,7 @@ Run:  python rollout.py --question "What is 4821 * 37?"
 """
 
 import argparse
+import dataclasses
 import time
 from dataclasses import dataclass, field, fields
 
@@ -60,6 +61,9 @@ class RolloutConfig:
     temperature: float = arg(0.7, "planner sampling temperature (paper: 0.7; 0 = greedy); the frozen modules are greedy")
     analysis_tokens: int = arg(48, "max new tokens of the query analysis (0 = skip it)")
     planner_tokens: int = arg(48, "max new tokens |a_t| of a planner action")
+    tool_temperature: float = arg(0.0, "> 0: the action's first token (after 'Tool Name:') is drawn only from the listed "
+                                  "tools' first tokens, at this temperature, and trained as such (greedy: the likeliest "
+                                  "listed tool); 0 = free text, as officially")
     executor_tokens: int = arg(64, "max new tokens of an executor command")
     verifier_tokens: int = arg(12, "max new tokens of a verifier verdict")
     generator_tokens: int = arg(32, "max new tokens of the final answer")
@@ -112,6 +116,9 @@ class Turn:
     advantage: float = 0.0  # A_i of the turn's trajectory (the reward broadcast)
     traj_turns: int = 0  # T_i, planner turns of the turn's trajectory (the paper's 1/T_i)
     ref_logp: list[float] | None = None  # log pi_ref of each response token, (R,)
+    # --tool-temperature: the token ids the first response token was drawn from (the listed tools'
+    # first tokens), so that the update computes its log-prob over the same choices; () = free text.
+    first_choices: tuple = ()
 
 
 @dataclass
@@ -148,6 +155,25 @@ def _tick(trajs, phase, t0):
         tr.seconds[phase] = tr.seconds.get(phase, 0.0) + dt
 
 
+def tool_choice_tokens(tokenizer, tools) -> tuple[int, ...]:
+    """The first token of each tool's name as the planner writes it after "Tool Name:" (" Python",
+    " Fact", " Local" for SmolLM2): what --tool-temperature restricts the action's first token to.
+    The drawn token then decides the tool (the rest of the name is the model's to write; the sub-goal
+    and context are parsed as usual).
+
+    Why (README, the CPU demo): the 135M planner names the FIRST tool of its list for ~98% of the
+    samples that name one, whatever the question, and a quarter of its actions name none. Flow-GRPO
+    then sharpens "name the first tool" (it beats naming none) until every sample of a question picks
+    by position, and the gradient that would route by the question vanishes with 1 - p. Drawn among
+    the tools only, at a temperature of its own, every tool keeps being tried on every question."""
+    ids = [tokenizer(" " + name, add_special_tokens=False).input_ids[0] for name in tools]
+    if len(set(ids)) < len(ids):
+        same = [n for n, i in zip(tools, ids) if ids.count(i) > 1]
+        raise ValueError(f"--tool-temperature: the tools {', '.join(same)} begin with the same token, so the first "
+                         "token cannot choose between them; drop one from --tools or use --tool-temperature 0")
+    return tuple(ids)
+
+
 def rollout(queries, planner, frozen, toolbox: Toolbox, cfg: RolloutConfig, examples=None,
             tool_orders=None) -> list[Trajectory]:
     """Roll out one trajectory per query (repeat a query G times for a group), all in lockstep.
@@ -164,16 +190,23 @@ def rollout(queries, planner, frozen, toolbox: Toolbox, cfg: RolloutConfig, exam
             tr.analysis = g.text.strip()
         _tick(trajs, "analysis", t0)
 
+    # --tool-temperature: the tool as a choice among the listed tools (the first token of each name).
+    # A rule planner (evaluate.FixedPlan, OraclePlan) has no tokenizer and no tokens to restrict.
+    choices = tool_choice_tokens(planner.tokenizer, tools) if cfg.tool_temperature > 0 and hasattr(planner, "tokenizer") else ()
     live = list(trajs)
     for t in range(1, cfg.max_turns + 1):
         # 2. Planner: one batched call for every live trajectory; each response is a Turn.
         t0 = time.perf_counter()
         chats = [modules.planner_prompt(tr.query, tr.analysis, tr.tools, tr.memory, cfg.memory_chars) for tr in live]
         gens = planner.generate(chats, max_new_tokens=cfg.planner_tokens, temperature=cfg.temperature,
-                                prefix=modules.PLANNER_PREFIX, stop=modules.PLANNER_STOP)
+                                prefix=modules.PLANNER_PREFIX, stop=modules.PLANNER_STOP,
+                                **(dict(choices=choices, choice_temperature=cfg.tool_temperature) if choices else {}))
         for tr, g in zip(live, gens):
             a = modules.parse_action(modules.PLANNER_PREFIX + g.text, tr.query, tools)
-            tr.turns.append(Turn(g.prompt_ids, g.response_ids, g.logprobs, g.text, a.tool, a.sub_goal, a.context, a.valid, g.truncated))
+            if choices and g.response_ids:  # the drawn first token chose the tool, whatever follows it
+                a = dataclasses.replace(a, tool=tools[choices.index(g.response_ids[0])], valid=True)
+            tr.turns.append(Turn(g.prompt_ids, g.response_ids, g.logprobs, g.text, a.tool, a.sub_goal, a.context, a.valid,
+                                 g.truncated, first_choices=choices))
         _tick(live, "planner", t0)
 
         # 3. Executor: commands for the valid actions (an invalid action skips straight to an error step).

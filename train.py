@@ -58,7 +58,7 @@ from bookkeeping.models import EMBEDDED, load_model, train_top_layers
 from engine import HFEngine, left_pad
 from environment import scoring, tasks
 from flow_grpo import (AGGREGATIONS, KL_KINDS, broadcast, entropy_from_logits, flat_groups, flow_grpo_loss,
-                       group_advantages, token_logprobs, turn_rows)
+                       first_token_fields, group_advantages, restrict_first_token, token_logprobs, turn_rows)
 from rollout import RolloutConfig, add_arguments, arg, format_trajectory, rollout
 from scaleout import distributed, remote_engine, sizing
 from speedups import shared_prompt
@@ -83,6 +83,8 @@ class Config(RolloutConfig):
     # rollout (the rest is in RolloutConfig)
     group_size: int = arg(8, "G: trajectories sampled per question")
     questions_per_step: int = arg(32, "questions per rollout batch, over all processes (paper: 32)")
+    kinds: str = arg("", "train only on these kinds of question of --data (its 'kind' field), comma-separated, "
+                     "as many of each in every step ('' = every question, one shuffle)")
     # flow-grpo
     clip_low: float = arg(0.2, "eps_low of the clipped surrogate")
     clip_high: float = arg(0.3, "eps_high of the clipped surrogate")
@@ -111,6 +113,9 @@ class Config(RolloutConfig):
     eval_n: int = arg(30, "test questions for eval_every (the same ones each time)")
     resume: str = arg("", "run or checkpoint folder to continue from")
     dry_run: bool = arg(False, "print the resolved config and the memory estimate, then exit (loads nothing)")
+
+    def kind_names(self) -> tuple[str, ...]:
+        return tuple(k.strip() for k in self.kinds.split(",") if k.strip())
 
 
 # Named sets of defaults. A field given on the command line wins over the preset.
@@ -198,6 +203,9 @@ def validate(cfg: Config, world: int = 1):
          f"--mini-batch-questions {cfg.mini_batch_questions} must be a multiple of the {world} processes"),
         (cfg.micro_batch_rows >= 1 and cfg.epochs >= 1, "--micro-batch-rows and --epochs must be >= 1"),
         (cfg.train_layers >= 0, f"--train-layers {cfg.train_layers}: must be >= 0 (0 trains every layer)"),
+        (cfg.tool_temperature >= 0, f"--tool-temperature {cfg.tool_temperature}: must be >= 0 (0 = the tool as free text)"),
+        (cfg.questions_per_step % max(len(cfg.kind_names()), 1) == 0,
+         f"--questions-per-step {cfg.questions_per_step} must be a multiple of the {len(cfg.kind_names())} --kinds"),
         (not cfg.filter_groups or world == 1, "--filter-groups leaves each process a different number of rows, which "
          "DDP's gradient all-reduce cannot follow: run one process or pass --no-filter-groups"),
     ]
@@ -215,15 +223,24 @@ def step_seed(seed: int, step: int, rank: int) -> int:
 
 
 def questions_for_step(examples, cfg, step, rank, world):
-    """The questions of one step, for this process: a fixed shuffle per epoch of the training set."""
-    q = cfg.questions_per_step
-    start = (step - 1) * q
-    picked, orders = [], {}
-    for k in range(start, start + q):
-        epoch, pos = divmod(k, len(examples))
-        if epoch not in orders:  # one shuffle per epoch, not one per question
-            orders[epoch] = np.random.default_rng(cfg.seed + epoch).permutation(len(examples))
-        picked.append(examples[orders[epoch][pos]])
+    """The questions of one step, for this process: a fixed shuffle per epoch of the training set, or,
+    with --kinds, of each listed kind's questions, questions_per_step / len(kinds) of each.
+
+    Why --kinds: with 4 questions a step the kinds come in whatever mix the shuffle gives (3 facts
+    and 1 calculation, say), and each group's gradient moves the tool of every question towards its
+    own kind's tool; equal numbers of each kind a step make that shared part cancel in expectation
+    (README, the CPU demo: what it did and did not do for routing)."""
+    kinds = cfg.kind_names()
+    pools = [[e for e in examples if e.get("kind") == k] for k in kinds] if kinds else [examples]
+    q = cfg.questions_per_step // len(pools)
+    picked = []
+    for i, pool in enumerate(pools):
+        start, orders = (step - 1) * q, {}
+        for k in range(start, start + q):
+            epoch, pos = divmod(k, len(pool))
+            if epoch not in orders:  # one shuffle per epoch, not one per question
+                orders[epoch] = np.random.default_rng(cfg.seed + epoch + 1000 * i).permutation(len(pool))
+            picked.append(pool[orders[epoch][pos]])
     return picked[rank::world]
 
 
@@ -264,7 +281,8 @@ def collate(turns, pad_id: int, device) -> dict:
     batch = dict(input_ids=ids, attention_mask=attn, position_ids=(attn.cumsum(-1) - 1).clamp(min=0),
                  targets=ids[:, L - R:], mask=mask, old_logp=old, ref_logp=ref,  # (B, L) x3, (B, R) x4
                  advantages=torch.tensor([t.advantage for t in turns], dtype=torch.float32),  # (B,) A_i
-                 turns=torch.tensor([float(t.traj_turns) for t in turns]))  # (B,) T_i
+                 turns=torch.tensor([float(t.traj_turns) for t in turns]),  # (B,) T_i
+                 **first_token_fields([t.first_choices for t in turns], [R - len(t.response_ids) for t in turns]))
     return {k: v.to(device) for k, v in batch.items()}
 
 
@@ -303,6 +321,7 @@ def fill_logprobs(model, turns, attr: str, cfg, accelerator, share_prompts: bool
     (pi_old, recomputed)."""
     for chunk, shared, real in distributed.even_out(micro_batches(turns, cfg.micro_batch_rows, share_prompts), accelerator):
         logits, batch, _ = forward(model, chunk, shared, pad_id, accelerator.device)
+        logits = restrict_first_token(logits, batch, cfg.temperature, cfg.tool_temperature)
         logp = token_logprobs(logits, batch["targets"], cfg.temperature).float().cpu()  # (B, R)
         for b, t in enumerate(chunk if real else []):
             setattr(t, attr, row_values(logp, b, len(t.response_ids), batch).tolist())
@@ -363,6 +382,7 @@ def update(cfg, accelerator, policy, optimizer, minis, pad: int, share_prompts: 
                 last = i == len(chunks) - 1
                 with distributed.accumulation_context(accelerator, policy, last), accelerator.autocast():
                     logits, batch, tokens = forward(policy, chunk, shared, pad, accelerator.device)  # (B, R, V)
+                    logits = restrict_first_token(logits, batch, cfg.temperature, cfg.tool_temperature)  # the tool choice
                     logp = token_logprobs(logits, batch["targets"], cfg.temperature)  # (B, R)
                     loss, st = flow_grpo_loss(logp, batch, cfg, normaliser)  # = -J for these rows
                     if not real:  # a rank with fewer micro-batches than another runs a stand-in, weight 0
@@ -433,6 +453,11 @@ def train(cfg: Config, reward_fn=None, given=frozenset(), accelerator=None) -> d
         raise SystemExit(f"train.py: --data: {e} (or pass --skip-bad-rows to skip and count bad rows)") from None
     if not examples:
         raise SystemExit(f"train.py: --data {cfg.data} holds no usable question")
+    missing = [k for k in cfg.kind_names() if not any(e.get("kind") == k for e in examples)]
+    if missing:
+        have = sorted({str(e.get("kind")) for e in examples})
+        raise SystemExit(f"train.py: --kinds {','.join(missing)}: no training question of --data {cfg.data} has that "
+                         f"kind; its kinds are {', '.join(have)}")
     if report.get("skipped") and accelerator.is_main_process:
         print(f"skipped {report['skipped']} bad rows of {cfg.data}: " + "; ".join(report["errors"][:3]), file=sys.stderr)
     run_info = {"device": str(accelerator.device), "mixed_precision": accelerator.mixed_precision, "processes": world,
@@ -543,6 +568,8 @@ def train(cfg: Config, reward_fn=None, given=frozenset(), accelerator=None) -> d
 
         # ---- 6. log: metrics reduced over processes, one line per step ---------------------------
         metrics = step_metrics(step, trajs, rewards, group_of, len(trained), upd, rollout_s, update_s, accelerator, tools)
+        if cfg.kl_coef == 0:
+            metrics["kl"] = None  # no reference pass, so no KL to the reference was measured
         if accelerator.is_main_process and cfg.sample_every and step % cfg.sample_every == 0:
             (out / "samples").mkdir(exist_ok=True)  # one question's G trajectories, for a person to read
             text = "\n\n".join(format_trajectory(tr) for tr in trajs[: cfg.group_size])

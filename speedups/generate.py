@@ -29,8 +29,9 @@ from speedups.sampler import Sample
 
 
 @torch.inference_mode()
-def sample(model, prompts, pad, eos, max_new_tokens, temperature, top_p, stopper):
-    """(B, S) new tokens and (B, S) log-probs, as engine.HFEngine.sample returns them."""
+def sample(model, prompts, pad, eos, max_new_tokens, temperature, top_p, stopper, first=()):
+    """(B, S) new tokens and (B, S) log-probs, as engine.HFEngine.sample returns them (`first`: processors
+    that run before the sampler, engine.FirstTokenChoice)."""
     device = model.device
     prepared = prefill(model, prompts, pad, room=max_new_tokens)
     if prepared is None:
@@ -44,7 +45,7 @@ def sample(model, prompts, pad, eos, max_new_tokens, temperature, top_p, stopper
     config.disable_compile = True
     out = model.generate(
         input_ids=input_ids.to(device), attention_mask=attention.to(device), cache=cache, generation_config=config,
-        logits_processor=LogitsProcessorList([sampler]), stopping_criteria=StoppingCriteriaList([stopper]),
+        logits_processor=LogitsProcessorList([*first, sampler]), stopping_criteria=StoppingCriteriaList([stopper]),
     )
     logprobs = sampler.logprobs()
     return out[:, input_ids.shape[1]:].cpu(), None if logprobs is None else logprobs.cpu()

@@ -25,6 +25,7 @@ Test: python -m pytest -q tests/test_update.py
 
 import torch
 
+from flow_grpo import first_token_fields
 from speedups.prefill import common_prefix
 
 # A chunk shares its prefix only when the prefix is at least this many tokens: below that, the second
@@ -86,7 +87,8 @@ def collate(turns, device) -> dict:
     batch = dict(prompt=torch.tensor([turns[0].prompt_ids[:P]]), tail=tail, tail_attention=attention,
                  targets=tail[:, lo:], mask=mask, old_logp=old, ref_logp=ref, start=torch.tensor(start),
                  advantages=torch.tensor([t.advantage for t in turns], dtype=torch.float32),  # (B,)
-                 turns=torch.tensor([float(t.traj_turns) for t in turns]), shared=True)  # (1, P), (B, T) x2, (B, R) x4, (B,) x3
+                 turns=torch.tensor([float(t.traj_turns) for t in turns]), shared=True,
+                 **first_token_fields([t.first_choices for t in turns], start))  # (1, P), (B, T) x2, (B, R) x4, (B,) x3
     return {k: v.to(device) if torch.is_tensor(v) else v for k, v in batch.items()}
 
 

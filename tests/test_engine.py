@@ -164,3 +164,45 @@ def test_the_sampler_draws_from_the_tempered_distribution_and_records_its_logpro
     nucleus = _Sample(1.0, top_p=0.8)(None, rows).argmax(-1)  # p = .56 .21 .08 0 .13 .03: {0, 1} hold .77, + 4: .90
     assert set(nucleus.tolist()) == {0, 1, 4}
     assert _Sample(0.0)(None, rows[:3]).argmax(-1).tolist() == [0, 0, 0]  # greedy
+
+
+@pytest.mark.parametrize("speedups", [False, True])
+def test_tool_choice_draws_the_first_token_among_the_tools_at_its_own_temperature(tokenizer, speedups):
+    """--tool-temperature: the action's first token is always one of the listed tools' first tokens,
+    drawn from the softmax over those alone at the tool temperature, and recorded with that log-prob;
+    the tokens after it are free, at the planner temperature; greedy takes the likeliest tool."""
+    from rollout import tool_choice_tokens
+
+    model = make_tiny_model(len(tokenizer))
+    engine = HFEngine(model, tokenizer, speedups=speedups)
+    choices = tool_choice_tokens(tokenizer, OFFLINE_TOOLS)
+    chat = modules.planner_prompt("What is 4821 * 37?", "", OFFLINE_TOOLS, Memory(), 600)
+    torch.manual_seed(3)
+    gens = engine.generate([chat] * 24, max_new_tokens=3, temperature=0.7, prefix=modules.PLANNER_PREFIX,
+                           choices=choices, choice_temperature=2.0)
+    firsts = [g.response_ids[0] for g in gens]
+    assert set(firsts) <= set(choices) and len(set(firsts)) > 1  # a random tiny model: several tools drawn
+    for g in gens:
+        with torch.no_grad():
+            logits = model(torch.tensor([g.prompt_ids + g.response_ids])).logits[0, len(g.prompt_ids) - 1: -1]
+        first = torch.log_softmax(logits[0, list(choices)] / 2.0, -1)[choices.index(g.response_ids[0])]
+        rest = torch.log_softmax(logits[1:] / 0.7, -1).gather(1, torch.tensor(g.response_ids[1:])[:, None])[:, 0]
+        assert torch.allclose(torch.cat([first[None], rest]), torch.tensor(g.logprobs), atol=1e-4)
+    greedy = engine.generate([chat], max_new_tokens=2, temperature=0.0, prefix=modules.PLANNER_PREFIX,
+                             choices=choices, choice_temperature=2.0)[0]
+    with torch.no_grad():
+        z = model(torch.tensor([greedy.prompt_ids])).logits[0, -1]
+    assert greedy.response_ids[0] == choices[int(z[list(choices)].argmax())]
+
+
+def test_tool_choice_refuses_tools_whose_names_begin_with_the_same_token(tokenizer):
+    from rollout import tool_choice_tokens
+
+    assert len(set(tool_choice_tokens(tokenizer, ("Python_Coder", "Fact_Lookup", "Local_Search", "Wikipedia_Search")))) == 4
+
+    class SameStart:  # a tokenizer that splits every name after a common first token
+        def __call__(self, text, add_special_tokens=False):
+            return type("Enc", (), {"input_ids": [7, len(text)]})()
+
+    with pytest.raises(ValueError, match="begin with the same token.*--tool-temperature 0"):
+        tool_choice_tokens(SameStart(), ("Python_Coder", "Fact_Lookup"))

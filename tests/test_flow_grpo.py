@@ -393,3 +393,27 @@ def test_flat_groups_are_the_groups_with_all_equal_rewards():
     assert flat_groups(rewards, groups) == {"a", "c", "d"}  # a group of one is flat too
     adv = group_advantages(rewards, groups)
     assert all(adv[i] == 0 for i, g in enumerate(groups) if g in flat_groups(rewards, groups))
+
+
+# -----------------------------------------------------------------------------
+# flow_grpo_loss: the whole micro-batch loss
+
+
+def test_beta_zero_is_the_policy_loss_alone_and_reports_no_made_up_kl():
+    # With kl_coef 0 train.py skips the reference pass, so ref_logp holds zeros: the k3 estimate
+    # against them was reported as a "KL" of 0.2-0.6 in the cpu-demo's metrics. Now it is no term at all.
+    from types import SimpleNamespace
+
+    from flow_grpo import flow_grpo_loss
+
+    logp, old, adv, mask, row_turns = _batch(seed=5)
+    batch = dict(old_logp=old, ref_logp=torch.zeros_like(logp), mask=mask, advantages=adv, turns=row_turns)
+    cfg = SimpleNamespace(clip_low=0.2, clip_high=0.3, clip_c=0.0, agg="token-mean", kl_kind="low_var_kl", kl_coef=0.0)
+    n = float(mask.sum())
+    loss, stats = flow_grpo_loss(logp, batch, cfg, n)
+    pg, _ = policy_loss(logp, old, adv, mask, clip_low=0.2, clip_high=0.3, agg="token-mean", turn_counts=row_turns, normaliser=n)
+    assert float(loss) == float(pg) and stats["kl"] == 0.0
+    cfg.kl_coef = 0.5  # with a beta the term is there, against the same (here all-zero) reference
+    loss, stats = flow_grpo_loss(logp, batch, cfg, n)
+    kl = agg_loss(kl_penalty(logp, batch["ref_logp"]), mask, agg="token-mean", turn_counts=row_turns, normaliser=n)
+    assert float(loss) == pytest.approx(float(pg + 0.5 * kl)) and stats["kl"] > 0

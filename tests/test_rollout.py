@@ -41,6 +41,29 @@ def test_batched_rollout_records_exact_tokens_and_logprobs(tiny_engine):
         assert "QUESTION" in format_trajectory(tr)
 
 
+def test_with_a_tool_temperature_every_action_names_a_listed_tool_and_carries_its_choices(tiny_engine):
+    """--tool-temperature: a random tiny planner, which otherwise names no tool, names one of the
+    listed tools in every action (sampled and greedy), and each Turn records the choices it was drawn
+    from, which the update needs."""
+    from rollout import tool_choice_tokens
+
+    torch.manual_seed(0)
+    cfg = RolloutConfig(max_turns=1, temperature=0.7, tool_temperature=2.0, analysis_tokens=0, planner_tokens=4,
+                        executor_tokens=6, generator_tokens=4, verify=False)
+    toolbox = Toolbox(cfg.tools, llm=tiny_engine, python_timeout=5)
+    choices = tool_choice_tokens(tiny_engine.tokenizer, cfg.tool_names())
+    for temperature in (0.7, 0.0):
+        cfg.temperature = temperature
+        trajs = rollout(["What is 4821 * 37?", "Who founded X?"] * 3, tiny_engine, tiny_engine, toolbox, cfg)
+        for tr in trajs:
+            turn = tr.turns[0]
+            assert turn.valid_action and turn.tool in cfg.tool_names() and turn.first_choices == choices
+            assert turn.response_ids[0] in choices
+    free = rollout(["What is 4821 * 37?"], tiny_engine, tiny_engine, toolbox, RolloutConfig(max_turns=1, verify=False,
+                   analysis_tokens=0, planner_tokens=4, executor_tokens=6, generator_tokens=4))
+    assert free[0].turns[0].first_choices == ()
+
+
 class ScriptedEngine:
     """Answers each module from a fixed script, so the loop's control flow can be checked exactly."""
 

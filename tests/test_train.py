@@ -136,6 +136,31 @@ def test_rotate_tools_shows_each_trajectory_its_order_and_trains_on_that_prompt(
     assert len({tuple(tr.turns[0].prompt_ids) for tr in seen[:3]}) == 3
 
 
+def test_kinds_give_every_step_as_many_questions_of_each_kind_and_walk_through_each_kind():
+    # --kinds (the cpu-demo: calculation,fact): 2 of each kind in every step of 4, no question again
+    # before its kind's pool is used up; without --kinds the one shuffle of all questions, as before.
+    from environment import tasks
+
+    examples = tasks.load("planning", split="train", seed=0)
+    cfg, _ = train.parse_args(["--data", "planning", "--questions-per-step", "4", "--mini-batch-questions", "4",
+                               "--kinds", "calculation,fact"])
+    steps = [train.questions_for_step(examples, cfg, s, 0, 1) for s in range(1, 21)]
+    assert all([e["kind"] for e in q] == ["calculation", "calculation", "fact", "fact"] for q in steps)
+    queries = [e["query"] for q in steps for e in q]
+    assert len(set(queries)) == len(queries) == 80  # 40 of each kind, none twice within the pools' first epoch
+    assert [e["query"] for e in train.questions_for_step(examples, cfg, 1, 1, 2)] == queries[1:4:2]  # rank 1 of 2
+    plain, _ = train.parse_args(["--data", "planning", "--questions-per-step", "4", "--mini-batch-questions", "4"])
+    kinds = {e["kind"] for s in range(1, 11) for e in train.questions_for_step(examples, plain, s, 0, 1)}
+    assert kinds == {"calculation", "fact", "two-step"}
+
+
+def test_kinds_that_the_data_does_not_have_are_refused_with_the_kinds_it_has(tiny_model_dir, tmp_path):
+    cfg, _ = train.parse_args(TINY + ["--model", str(tiny_model_dir), "--out", str(tmp_path / "run"),
+                                       "--kinds", "trivia"])
+    with pytest.raises(SystemExit, match="--kinds trivia: no training question .* its kinds are"):
+        train.train(cfg)
+
+
 # ---- checkpoints and resume -------------------------------------------------------------------
 
 def test_stop_then_resume_gives_the_same_parameters_as_an_uninterrupted_run(tiny_model_dir, tmp_path):
@@ -189,6 +214,8 @@ def test_two_processes_keep_identical_parameters(tiny_model_dir, tmp_path):
     (["--agg", "sum"], "choose from"),
     (["--tools", "Calculator"], "unknown tool"),
     (["--questions-per-step", "3", "--mini-batch-questions", "2"], "multiple"),
+    (["--questions-per-step", "4", "--mini-batch-questions", "4", "--kinds", "a,b,c"], "multiple of the 3 --kinds"),
+    (["--tool-temperature", "-1"], "--tool-temperature"),
 ])
 def test_bad_settings_fail_before_any_work_with_what_to_change(args, words):
     res = subprocess.run([sys.executable, "train.py", "--model", "/nonexistent", *args], cwd=ROOT,

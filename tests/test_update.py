@@ -77,7 +77,7 @@ def test_rows_that_share_little_stay_plain():
 
 def test_an_update_with_shared_prompts_matches_one_without():
     cfg = types.SimpleNamespace(epochs=1, agg="token-mean", micro_batch_rows=3, temperature=0.7, clip_low=0.2,
-                                clip_high=0.3, clip_c=0.0, kl_kind="low_var_kl", kl_coef=0.001, grad_clip=1.0)
+                                clip_high=0.3, clip_c=0.0, kl_kind="low_var_kl", kl_coef=0.001, grad_clip=1.0, tool_temperature=0.0)
     a = make_tiny_model(1000).train()
     b = copy.deepcopy(a)
     # Plain SGD, so that a parameter difference is exactly a gradient difference (Adam's first step is
@@ -113,7 +113,7 @@ def test_training_the_top_layers_updates_them_as_a_full_update_does_and_nothing_
     from bookkeeping.models import train_top_layers
     # No clipping: the global norm differs when fewer parameters have a gradient.
     cfg = types.SimpleNamespace(epochs=1, agg="token-mean", micro_batch_rows=3, temperature=0.7, clip_low=0.2,
-                                clip_high=0.3, clip_c=0.0, kl_kind="low_var_kl", kl_coef=0.001, grad_clip=1e9)
+                                clip_high=0.3, clip_c=0.0, kl_kind="low_var_kl", kl_coef=0.001, grad_clip=1e9, tool_temperature=0.0)
     start = make_tiny_model(1000).train()
     full = copy.deepcopy(start)
     train.update(cfg, Accelerator(cpu=True), full, torch.optim.SGD(full.parameters(), lr=1.0), [_rows()], 0, True)
@@ -143,3 +143,38 @@ def test_train_layers_beyond_the_model_trains_every_layer_and_keeps_the_embeddin
     names = {n for n, p in model.named_parameters() if id(p) in trainable}
     assert names == {n for n, _ in model.named_parameters() if n.startswith(("model.layers.", "model.norm."))}
     assert len(train_top_layers(make_tiny_model(1000), 0)) == len(list(make_tiny_model(1000).parameters()))
+
+
+def test_the_update_computes_a_restricted_tool_choice_as_the_engine_recorded_it(tokenizer):
+    """--tool-temperature: a Turn whose first token was drawn among the tools gets, in the update, the
+    log-prob the engine recorded for it (restricted softmax at the tool temperature; the rest at the
+    planner temperature), in the left-padded layout and in the shared-prefix one; a free row beside it
+    keeps the plain log-prob."""
+    import modules
+    from engine import HFEngine
+    from flow_grpo import restrict_first_token
+    from memory import Memory
+    from rollout import tool_choice_tokens
+    from tools import OFFLINE_TOOLS
+
+    model = make_tiny_model(len(tokenizer)).eval()
+    engine = HFEngine(model, tokenizer)
+    choices = tool_choice_tokens(tokenizer, OFFLINE_TOOLS)
+    chats = [modules.planner_prompt(q, "", OFFLINE_TOOLS[j:] + OFFLINE_TOOLS[:j], Memory(), 600)
+             for q in ("What is 4821 * 37?", "Who founded Rythern Holdings?") for j in range(3)]
+    torch.manual_seed(4)
+    rows = []
+    for free in (False, True):
+        extra = {} if free else dict(choices=choices, choice_temperature=2.0)
+        for g in engine.generate(chats, max_new_tokens=4, temperature=0.7, prefix=modules.PLANNER_PREFIX, **extra):
+            rows.append(Turn(g.prompt_ids, g.response_ids, g.logprobs, g.text, "", "", "", True, False,
+                             advantage=1.0, traj_turns=1, first_choices=() if free else choices))
+    checked = {True: 0, False: 0}
+    for chunk, shared in train.micro_batches(rows, 4, share_prompts=True):
+        for layout in {shared, False}:
+            logits, batch, _ = train.forward(model, chunk, layout, tokenizer.pad_token_id, "cpu")
+            lp = token_logprobs(restrict_first_token(logits, batch, 0.7, 2.0), batch["targets"], 0.7)
+            for b, t in enumerate(chunk):
+                assert torch.allclose(train.row_values(lp, b, len(t.response_ids), batch), torch.tensor(t.logprobs), atol=1e-4)
+                checked[layout] += 1
+    assert checked[True] > 0 and checked[False] == len(rows)  # both layouts, every row
