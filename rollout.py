@@ -165,7 +165,8 @@ def tool_choice_tokens(tokenizer, tools) -> tuple[int, ...]:
     samples that name one, whatever the question, and a quarter of its actions name none. Flow-GRPO
     then sharpens "name the first tool" (it beats naming none) until every sample of a question picks
     by position, and the gradient that would route by the question vanishes with 1 - p. Drawn among
-    the tools only, at a temperature of its own, every tool keeps being tried on every question."""
+    the tools only, at a temperature of its own, every tool is tried on every question until training
+    itself makes one tool near-certain (in the demo runs of the README it did, for Python_Coder)."""
     ids = [tokenizer(" " + name, add_special_tokens=False).input_ids[0] for name in tools]
     if len(set(ids)) < len(ids):
         same = [n for n, i in zip(tools, ids) if ids.count(i) > 1]
