@@ -33,6 +33,7 @@ Try it:  python engine.py What is the capital of France?
 Test:    python -m pytest -q tests/test_engine.py
 """
 
+import dataclasses
 import time
 from dataclasses import dataclass, field
 
@@ -193,6 +194,20 @@ class HFEngine:
         by prompt length to limit padding. Generation.text holds only what the model wrote. `choices`:
         token ids the first new token is drawn from, at choice_temperature (FirstTokenChoice)."""
         prompts = [self.encode(c, prefix) for c in chats]
+        if self.speedups and temperature == 0 and len(set(map(tuple, prompts))) < len(prompts):
+            # Greedy decoding is a function of the prompt, so each distinct prompt is decoded once and
+            # its completion copied to the others. The frozen modules of a group see many equal prompts
+            # (same question, same tool, same sub-goal): in the cpu-demo, 24 executor and generator
+            # prompts a step are 8 or fewer distinct ones.
+            distinct = list(dict.fromkeys(map(tuple, prompts)))
+            done = dict(zip(distinct, self.generate_batched([list(p) for p in distinct], max_new_tokens, temperature,
+                                                            top_p, stop, choices, choice_temperature)))
+            return [dataclasses.replace(done[tuple(p)], prompt_ids=list(p), response_ids=list(done[tuple(p)].response_ids),
+                                        logprobs=list(done[tuple(p)].logprobs)) for p in prompts]
+        return self.generate_batched(prompts, max_new_tokens, temperature, top_p, stop, choices, choice_temperature)
+
+    def generate_batched(self, prompts, max_new_tokens, temperature, top_p, stop, choices, choice_temperature):
+        """generate's batching: rows grouped by prompt length (less padding), max_batch rows a call."""
         order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
         results: list[Generation | None] = [None] * len(prompts)
         for start in range(0, len(order), self.max_batch):

@@ -21,8 +21,13 @@ Test: python -m pytest -q tests/test_planning.py
 """
 
 import argparse
+import os
+import sys
 
 import torch
+
+if not __package__:  # run by path (python bookkeeping/tool_choice.py): the repository root, not this folder, goes on the path
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import modules
 from engine import encode_chat

@@ -30,7 +30,12 @@ Test:  python -m pytest -q tests/test_planning.py
 """
 
 import functools
+import os
 import re
+import sys
+
+if not __package__:  # run by path (python environment/facts.py): the repository root, not this folder, goes on the path
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from environment import corpus
 

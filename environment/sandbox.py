@@ -80,6 +80,9 @@ import uuid
 from dataclasses import dataclass
 from functools import lru_cache
 
+if not __package__:  # run by path (python environment/sandbox.py): the repository root, not this folder, goes on the path
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
 from environment import isolation
 
 MARKER_NAME = "AGENTFLOW_SANDBOX_RUN"  # environment variable that tags every process of a snippet

@@ -26,12 +26,17 @@ Test:    python -m pytest -q tests/test_search.py
 """
 import argparse
 import json
+import os
 import re
+import sys
 import time
 from pathlib import Path
 
 import numpy as np
 import requests
+
+if not __package__:  # run by path (python environment/search.py): the repository root, not this folder, goes on the path
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from environment import corpus
 

@@ -55,7 +55,11 @@ import json
 import os
 import random
 import re
+import sys
 from pathlib import Path
+
+if not __package__:  # run by path (python environment/tasks.py): the repository root, not this folder, goes on the path
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from environment.game24 import game24_numbers, solve24
 from environment.scoring import infer_task, score

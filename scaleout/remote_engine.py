@@ -55,6 +55,7 @@ Test:  python -m pytest -q tests/test_remote_engine.py
 
 import json
 import os
+import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -63,6 +64,9 @@ from urllib.parse import urlsplit
 
 import requests
 from requests.adapters import HTTPAdapter
+
+if not __package__:  # run by path (python scaleout/remote_engine.py): the repository root, not this folder, goes on the path
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from engine import Generation
 

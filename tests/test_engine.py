@@ -116,6 +116,29 @@ def plain_and_fast(model, tokenizer, chats):
     return [e.generate(chats, max_new_tokens=8, temperature=0.0, prefix=modules.PLANNER_PREFIX) for e in engines]
 
 
+def test_greedy_decodes_each_distinct_prompt_once_and_returns_what_the_plain_batch_does(tokenizer):
+    """The fast engine decodes equal greedy prompts once (a group's frozen calls repeat), and every
+    row gets its own completion: the plain batch's tokens, log-probs and text, in its own lists."""
+    model = make_tiny_model(len(tokenizer))
+    chats = group_chats()  # 7 chats, 5 distinct
+    plain, shared = HFEngine(model, tokenizer), HFEngine(model, tokenizer, speedups=True)
+    a, b = plain_and_fast_engines(plain, shared, chats)
+    assert [g.response_ids for g in a] == [g.response_ids for g in b] and [g.text for g in a] == [g.text for g in b]
+    for x, y in zip(a, b):
+        assert x.prompt_ids == y.prompt_ids
+        assert torch.allclose(torch.tensor(x.logprobs), torch.tensor(y.logprobs), atol=1e-4)
+    assert shared.tokens_generated < plain.tokens_generated  # rows 0 and 2, 3 and 5 were decoded once
+    b[0].response_ids.append(-1)
+    assert b[2].response_ids == a[2].response_ids  # copies, not one list shared by two rows
+    before = shared.tokens_generated
+    sampled = shared.generate(chats, max_new_tokens=8, temperature=0.7, prefix=modules.PLANNER_PREFIX)
+    assert shared.tokens_generated - before == sum(len(g.response_ids) for g in sampled)  # sampling: every row drawn
+
+
+def plain_and_fast_engines(plain, shared, chats):
+    return [e.generate(chats, max_new_tokens=8, temperature=0.0, prefix=modules.PLANNER_PREFIX) for e in (plain, shared)]
+
+
 def test_a_model_with_a_sliding_window_cache_falls_back_to_the_plain_batch(tokenizer):
     """prefill.py lays out plain full-attention caches only; any other cache gets the plain prefill."""
     from transformers import MistralConfig, MistralForCausalLM
