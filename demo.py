@@ -6,7 +6,8 @@ two-step questions that need a fact and then a calculation on it), the same ques
     1. base model alone     evaluate.py --mode direct    no tools
     2. AgentFlow            evaluate.py --mode agent     the untrained planner
     3. fixed plans          evaluate.py --fixed-tool T   no planner: tool T every turn, the question as
-                                                         sub-goal, for every tool T the planner may choose
+                                                         sub-goal, for every offline tool T
+                                                         (the planner chooses between the first two)
     4. oracle router        evaluate.py --oracle         no planner: each question's right tools in order,
                                                          the question as sub-goal (the ceiling of routing)
     5. Flow-GRPO            train.py --preset cpu-demo   the planner trained in the live loop
@@ -43,6 +44,7 @@ from train import PRESETS  # noqa: E402
 
 BASE, UNTRAINED, FIXED = "base model alone", "AgentFlow, untrained planner", "AgentFlow, fixed plan: "
 ORACLE, TRAINED = "AgentFlow, oracle router", "AgentFlow + Flow-GRPO"
+FIXED_TOOLS = ("Python_Coder", "Fact_Lookup", "Local_Search")  # the planning suite's offline tools
 
 
 def run(cmd, seconds: dict, name: str):
@@ -115,8 +117,11 @@ def main(argv=None):
     if args.baselines != "only":
         evaluate(BASE, "eval-direct", model + ["--mode", "direct", "--preset", "cpu-demo", "--batch-size", "50"])
         evaluate(UNTRAINED, "eval-untrained", model + agent)
-    baselines = [(FIXED + tool, f"eval-fixed-{tool}", ["--fixed-tool", tool]) for tool in preset["tools"].split(",")]
-    baselines.append((ORACLE, "eval-oracle", ["--oracle"]))
+    # Every offline tool of the suite as a fixed plan, Local_Search too (the planner is offered the two
+    # that pay); the oracle with the same three.
+    every = ["--tools", ",".join(FIXED_TOOLS)]
+    baselines = [(FIXED + tool, f"eval-fixed-{tool}", every + ["--fixed-tool", tool]) for tool in FIXED_TOOLS]
+    baselines.append((ORACLE, "eval-oracle", every + ["--oracle"]))
     for name, folder, extra in baselines:
         if args.baselines != "skip":
             evaluate(name, folder, model + agent + extra)

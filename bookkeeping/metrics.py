@@ -80,7 +80,8 @@ def console_line(m: dict, steps: int) -> str:
     tools = " ".join(f"{short.get(t, t)} {c}/{m['tool_errors'][t]}" for t, c in m["tool_calls"].items() if c)
     return " | ".join([
         f"step {m['step']}/{steps}", f"reward {m['reward_mean']:.3f}", f"acc {m['accuracy']:.3f}",
-        f"zero_std {m['frac_reward_zero_std']:.2f}", f"kl {_f(m['kl'], '.4f')}",
+        f"zero_std {m['frac_reward_zero_std']:.2f}", *([f"groups {m['groups_trained']}"] if "groups_trained" in m else []),
+        f"kl {_f(m['kl'], '.4f')}",
         f"clip {_f(m['clip_frac_low'], '.3f')}/{_f(m['clip_frac_high'], '.3f')}", f"ent {_f(m['entropy'], '.2f')}",
         f"turns {m['turns_per_traj']:.2f}", f"tools(calls/err) {tools}", f"resp {m['response_length']:.1f}",
         f"trunc {m['truncation_ratio']:.2f}", f"gnorm {m['grad_norm']:.3f}",
