@@ -44,7 +44,7 @@ import os
 import sys
 import time
 import warnings
-from dataclasses import dataclass, fields
+from dataclasses import fields
 from pathlib import Path
 
 import numpy as np
@@ -54,173 +54,28 @@ from tqdm import tqdm
 
 from bookkeeping import checkpoint
 from bookkeeping.metrics import console_line, step_metrics, write_param_digest
-from bookkeeping.models import EMBEDDED, load_model, train_top_layers
+from bookkeeping.models import load_model, train_top_layers
+from config import PRESETS, Config, validate  # the run's fields and presets (also train.PRESETS, train.Config)
 from engine import HFEngine, left_pad
 from environment import scoring, tasks
-from flow_grpo import (AGGREGATIONS, KL_KINDS, broadcast, entropy_from_logits, flat_groups, flow_grpo_loss,
+from flow_grpo import (broadcast, entropy_from_logits, flat_groups, flow_grpo_loss,
                        first_token_fields, group_advantages, restrict_first_token, token_logprobs, turn_rows)
-from rollout import RolloutConfig, add_arguments, arg, format_trajectory, rollout
+from rollout import add_arguments, format_trajectory, rollout
 from scaleout import distributed, remote_engine, sizing
 from speedups import shared_prompt
 from tools import Toolbox, set_sandbox
 
 
-@dataclass
-class Config(RolloutConfig):
-    """Everything a run needs. The rollout fields (max_turns, temperature, *_tokens, memory_chars, tools,
-    speedups) come from rollout.RolloutConfig, so they are written once."""
-
-    # model
-    model: str = arg(EMBEDDED, "initial planner weights and frozen modules: HF id, folder, or 'embedded' (SmolLM2-135M)")
-    frozen_engine: str = arg("", "URL of an OpenAI-compatible server (http://host:port/v1[#model]) for the frozen modules")
-    gradient_checkpointing: bool = arg(False, "recompute activations in the backward pass: less memory, about 30% more time")
-    train_layers: int = arg(0, "train only the top N decoder layers and the final norm; the rest keep their initial "
-                               "weights and skip the backward pass (all layers if the model has fewer; 0 = train every parameter, the paper)")
-    # data
-    data: str = arg("mixed", "training questions: a suite (arithmetic, game24, lookup, mixed) or a JSON/JSONL file")
-    seed: int = arg(0, "the one seed; per-step rollout seeds derive from (seed, step, rank)")
-    skip_bad_rows: bool = arg(False, "skip (and count) malformed rows of a --data file instead of stopping at the first")
-    # rollout (the rest is in RolloutConfig)
-    group_size: int = arg(8, "G: trajectories sampled per question")
-    questions_per_step: int = arg(32, "questions per rollout batch, over all processes (paper: 32)")
-    kinds: str = arg("", "train only on these kinds of question of --data (its 'kind' field), comma-separated, "
-                     "as many of each in every step ('' = every question, one shuffle); with --filter-groups, "
-                     "also as many groups with signal of each in the update")
-    # flow-grpo
-    clip_low: float = arg(0.2, "eps_low of the clipped surrogate")
-    clip_high: float = arg(0.3, "eps_high of the clipped surrogate")
-    clip_c: float = arg(0.0, "dual-clip c for negative advantages (official 3.0; 0 = off, the paper's formula)")
-    kl_coef: float = arg(0.001, "beta, the weight of KL(pi_theta || pi_ref)")
-    kl_kind: str = arg("low_var_kl", "KL estimator: low_var_kl (k3, official) or k1")
-    agg: str = arg("token-mean", "loss aggregation: token-mean (official) or flow (the paper's 1/G 1/T_i 1/|a|)")
-    scale_advantages: bool = arg(True, "divide by the group std (paper); off = Dr. GRPO")
-    old_logprobs: str = arg("sample", "pi_old from the sampling pass ('sample') or a fresh forward ('recompute')")
-    rotate_tools: bool = arg(False, "explore: trajectory j of each group sees the tool list rotated by j (each tool first "
-                                    "for G/k of the G); evaluation keeps --tools' order")
-    filter_groups: bool = arg(False, "leave groups whose G rewards are all equal out of the update (one process only)")
-    # optimisation
-    lr: float = arg(1e-6, "AdamW learning rate, constant (paper: 1e-6)")
-    weight_decay: float = arg(0.01, "AdamW weight decay (paper: 0.01)")
-    grad_clip: float = arg(1.0, "max global gradient norm (paper: 1.0)")
-    mini_batch_questions: int = arg(8, "questions per optimiser step (paper: 8, so 4 steps per rollout batch)")
-    epochs: int = arg(1, "passes over each rollout batch")
-    micro_batch_rows: int = arg(8, "turn-rows per forward/backward; gradients accumulate over micro-batches")
-    steps: int = arg(100, "training steps (rollout batches)")
-    # logging
-    out: str = arg("runs/flow-grpo", "run folder: metrics.jsonl, samples/, checkpoints/")
-    sample_every: int = arg(1, "write one question's G trajectories as text every N steps (0 = never)")
-    checkpoint_every: int = arg(10, "save a checkpoint every N steps (and at the end)")
-    eval_every: int = arg(0, "greedy test accuracy on eval_n test questions of --data every N steps, and before step 1 (0 = never)")
-    eval_n: int = arg(30, "test questions for eval_every (the same ones each time)")
-    resume: str = arg("", "run or checkpoint folder to continue from")
-    dry_run: bool = arg(False, "print the resolved config and the memory estimate, then exit (loads nothing)")
-
-    def kind_names(self) -> tuple[str, ...]:
-        return tuple(k.strip() for k in self.kinds.split(",") if k.strip())
-
-
-# Named sets of defaults. A field given on the command line wins over the preset.
-PRESETS = {
-    # demo.py's training run on 2 CPU cores: the embedded 135M model on the planning suite (calculations,
-    # facts, two-step questions: environment/planning.py). The planner chooses between Python_Coder and
-    # Fact_Lookup, each the one that pays for its own kind of question (Local_Search, which pays for
-    # little at 135M, is a fixed-plan baseline in demo.py, not on the planner's list). What each setting
-    # is for (README, "The CPU demo"; each measured there):
-    # - The action is the tool, one token drawn between the tools' first tokens at tool_temperature 2
-    #   (planner_tokens 1; the sub-goal is then the question). In free text the 135M planner names the
-    #   first tool of its list for any question, and Flow-GRPO sharpened that position rule.
-    # - kinds calculation,fact with filter_groups: 4 questions of each kind a step, and the update gets
-    #   as many groups with signal of each kind (beyond_the_fewest_kind). Without that balance every
-    #   run collapsed onto one tool in 2-3 steps; with it the greedy test accuracy rose 0.35 -> 0.55.
-    # - One fixed tool order (no rotate_tools): the order the planner is evaluated with.
-    # - One turn (max_turns 1, no verifier): one turn is what routing needs; the two-step questions
-    #   stay out of reach. lr 2e-4 for the few optimiser steps (2e-5 and 1e-4 did not move the greedy
-    #   choice in 12-14 steps); train_layers 6 and no KL term: the update trains the top 6 layers only
-    #   and runs no reference pass (profiled: 55 s -> 24 s for 24 rows; beta 0.001 costs 15 s a step).
-    "cpu-demo": dict(model=EMBEDDED, data="planning", tools="Python_Coder,Fact_Lookup", tool_temperature=2.0,
-                     kinds="calculation,fact", group_size=6, questions_per_step=8, mini_batch_questions=8, max_turns=1,
-                     verify=False, analysis_tokens=0, planner_tokens=1, executor_tokens=24, verifier_tokens=6,
-                     generator_tokens=12, memory_chars=500, temperature=0.7, rotate_tools=False, filter_groups=True,
-                     lr=2e-4, steps=12, train_layers=6, kl_coef=0.0,
-                     eval_every=2, eval_n=20, checkpoint_every=10, speedups=True, max_batch=64),
-    # The embedded 135M model on two CPU cores: small groups, short outputs, a higher learning rate
-    # (a 135M model moves little at the 7B rate of 1e-6 in a few dozen steps).
-    "cpu": dict(model=EMBEDDED, data="mixed", group_size=4, questions_per_step=2, mini_batch_questions=2,
-                max_turns=2, analysis_tokens=0, planner_tokens=24, executor_tokens=40, verifier_tokens=6,
-                generator_tokens=16, memory_chars=600, lr=2e-6, steps=20, checkpoint_every=5, speedups=True),
-    # The official recipe (the paper's Sec. 4 and the official training script): Qwen2.5-7B-Instruct,
-    # G = 8, 32 questions per step in mini-batches of 8, lr 1e-6, clip 0.2/0.3, beta 0.001 low_var_kl,
-    # 3 turns in training, temperature 0.7, gradient checkpointing; old log-probs recomputed because
-    # bf16 sampling and training kernels disagree. Launch with configs/accelerate_8gpu_fsdp.yaml (bf16).
-    "paper": dict(model="Qwen/Qwen2.5-7B-Instruct", group_size=8, questions_per_step=32, mini_batch_questions=8,
-                  lr=1e-6, clip_low=0.2, clip_high=0.3, kl_coef=0.001, kl_kind="low_var_kl", max_turns=3,
-                  temperature=0.7, gradient_checkpointing=True, old_logprobs="recompute",
-                  analysis_tokens=256, planner_tokens=256, executor_tokens=512, verifier_tokens=64,
-                  generator_tokens=512, memory_chars=16000, micro_batch_rows=4, steps=500, checkpoint_every=25),
-    # One GPU: the paper's recipe (G = 8, clip 0.2/0.3, beta 0.001 low_var_kl, 3 turns, temperature 0.7,
-    # old log-probs recomputed in bf16) at small scale, on the offline mixed suite, with the greedy test
-    # accuracy every 10 steps and before step 1, so the learning curve is the result. Fewer questions
-    # a step (8) and shorter replies than the paper keep a step at a few hundred decode steps per
-    # module; the learning rate is raised for the smaller models and the fewer steps. Launch with
-    # configs/accelerate_1gpu.yaml (bf16); `--dry-run` prints the memory estimate. Not yet run on a GPU.
-    "gpu-24gb": dict(model="Qwen/Qwen2.5-0.5B-Instruct", data="mixed", group_size=8, questions_per_step=8,
-                     mini_batch_questions=4, lr=2e-6, clip_low=0.2, clip_high=0.3, kl_coef=0.001,
-                     kl_kind="low_var_kl", max_turns=3, temperature=0.7, old_logprobs="recompute",
-                     analysis_tokens=96, planner_tokens=96, executor_tokens=192, verifier_tokens=24,
-                     generator_tokens=96, memory_chars=3000, micro_batch_rows=4, steps=60, eval_every=10,
-                     eval_n=100, checkpoint_every=10),
-    "gpu-80gb": dict(model="Qwen/Qwen2.5-1.5B-Instruct", data="mixed", group_size=8, questions_per_step=8,
-                     mini_batch_questions=4, lr=1e-6, clip_low=0.2, clip_high=0.3, kl_coef=0.001,
-                     kl_kind="low_var_kl", max_turns=3, temperature=0.7, old_logprobs="recompute",
-                     gradient_checkpointing=True, analysis_tokens=128, planner_tokens=128, executor_tokens=256,
-                     verifier_tokens=32, generator_tokens=128, memory_chars=6000, micro_batch_rows=8, steps=60,
-                     eval_every=10, eval_n=100, checkpoint_every=10),
-}
-
-
 def parse_args(argv=None) -> tuple[Config, set]:
     """Config from defaults < --preset < command line; also returns the fields set on the command line."""
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--preset", choices=sorted(PRESETS), help="a named set of defaults (PRESETS in train.py)")
+    p.add_argument("--preset", choices=sorted(PRESETS), help="a named set of defaults (PRESETS in config.py)")
     add_arguments(p, Config)
     args = p.parse_args(argv)
     given = {f.name for f in fields(Config) if getattr(args, f.name) is not None}
     values = dict(PRESETS[args.preset]) if args.preset else {}
     values.update({k: getattr(args, k) for k in given})
     return Config(**values), given
-
-
-def validate(cfg: Config, world: int = 1):
-    """Reject settings that cannot work, before any work starts, with what to change."""
-    checks = [
-        (cfg.group_size >= 2, f"--group-size {cfg.group_size}: G must be >= 2 (advantages compare trajectories within a group)"),
-        (cfg.clip_low > 0 and cfg.clip_high > 0, "--clip-low and --clip-high must be > 0"),
-        (cfg.clip_c == 0 or cfg.clip_c > 1, f"--clip-c {cfg.clip_c}: the dual clip needs c > 1 (or 0 to turn it off)"),
-        (cfg.max_turns >= 1, f"--max-turns {cfg.max_turns}: must be >= 1"),
-        (cfg.temperature > 0, "--temperature must be > 0: Flow-GRPO needs sampled, not greedy, trajectories"),
-        (cfg.lr > 0 and cfg.steps >= 1, "--lr must be > 0 and --steps >= 1"),
-        (cfg.agg in AGGREGATIONS, f"--agg {cfg.agg!r}: choose from {', '.join(AGGREGATIONS)}"),
-        (cfg.kl_kind in KL_KINDS, f"--kl-kind {cfg.kl_kind!r}: choose from {', '.join(KL_KINDS)}"),
-        (cfg.old_logprobs in ("sample", "recompute"), "--old-logprobs must be 'sample' or 'recompute'"),
-        (cfg.mini_batch_questions >= 1 and cfg.questions_per_step % cfg.mini_batch_questions == 0,
-         f"--questions-per-step {cfg.questions_per_step} must be a multiple of --mini-batch-questions {cfg.mini_batch_questions}"),
-        (cfg.mini_batch_questions % world == 0,
-         f"--mini-batch-questions {cfg.mini_batch_questions} must be a multiple of the {world} processes"),
-        (cfg.micro_batch_rows >= 1 and cfg.epochs >= 1, "--micro-batch-rows and --epochs must be >= 1"),
-        (cfg.train_layers >= 0, f"--train-layers {cfg.train_layers}: must be >= 0 (0 trains every layer)"),
-        (cfg.tool_temperature >= 0, f"--tool-temperature {cfg.tool_temperature}: must be >= 0 (0 = the tool as free text)"),
-        (cfg.questions_per_step % max(len(cfg.kind_names()), 1) == 0,
-         f"--questions-per-step {cfg.questions_per_step} must be a multiple of the {len(cfg.kind_names())} --kinds"),
-        (not cfg.filter_groups or world == 1, "--filter-groups leaves each process a different number of rows, which "
-         "DDP's gradient all-reduce cannot follow: run one process or pass --no-filter-groups"),
-    ]
-    for ok, message in checks:
-        if not ok:
-            raise SystemExit(f"train.py: {message}")
-    try:
-        cfg.tool_names()
-    except ValueError as e:
-        raise SystemExit(f"train.py: --tools: {e}") from None
 
 
 def step_seed(seed: int, step: int, rank: int) -> int:
