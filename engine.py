@@ -20,8 +20,8 @@ sampling (so train.py can skip a second forward pass for the old log-probs).
 The plain path below is what a reader needs: prompts left-padded into one batch, `model.generate`
 sampling with Hugging Face's own sampler, and a logits processor that records each sampled token's
 log-prob. `HFEngine(..., speedups=True)` swaps in speedups/generate.py (shared prompt prefixes
-computed once, a preallocated KV cache, our own sampler), which gives the same tokens and log-probs
-for greedy decoding and the same distribution when sampling (tests/test_engine.py).
+computed once, a preallocated KV cache, our own sampler) and decodes equal greedy prompts once, which
+gives the same tokens and log-probs for greedy decoding and the same distribution when sampling (tests/test_engine.py).
 
 Simplifications vs. the official code:
 - The official system samples with vLLM (top_p 0.99, frequency penalty 1.2). We sample from the full
@@ -197,8 +197,8 @@ class HFEngine:
         if self.speedups and temperature == 0 and len(set(map(tuple, prompts))) < len(prompts):
             # Greedy decoding is a function of the prompt, so each distinct prompt is decoded once and
             # its completion copied to the others. The frozen modules of a group see many equal prompts
-            # (same question, same tool, same sub-goal): in the cpu-demo, 24 executor and generator
-            # prompts a step are 8 or fewer distinct ones.
+            # (same question, same tool, same sub-goal): in the cpu-demo, the 48 executor and generator
+            # prompts of a step are at most 16 distinct ones (8 questions, 2 tools).
             distinct = list(dict.fromkeys(map(tuple, prompts)))
             done = dict(zip(distinct, self.generate_batched([list(p) for p in distinct], max_new_tokens, temperature,
                                                             top_p, stop, choices, choice_temperature)))
