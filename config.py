@@ -33,8 +33,7 @@ class Config(RolloutConfig):
     group_size: int = arg(8, "G: trajectories sampled per question")
     questions_per_step: int = arg(32, "questions per rollout batch, over all processes (paper: 32)")
     kinds: str = arg("", "train only on these kinds of question of --data (its 'kind' field), comma-separated, "
-                     "as many of each in every step ('' = every question, one shuffle); with --filter-groups, "
-                     "also as many groups with signal of each in the update")
+                     "as many of each in every step ('' = every question, one shuffle)")
     # flow-grpo
     clip_low: float = arg(0.2, "eps_low of the clipped surrogate")
     clip_high: float = arg(0.3, "eps_high of the clipped surrogate")
@@ -78,10 +77,10 @@ PRESETS = {
     # - The action is the tool, one token drawn between the tools' first tokens at tool_temperature 2
     #   (planner_tokens 1; the sub-goal is then the question). In free text the 135M planner names the
     #   first tool of its list for any question, and Flow-GRPO sharpened that position rule.
-    # - kinds calculation,fact with filter_groups: 4 questions of each kind a step, and the update gets
-    #   as many groups with signal of each kind (beyond_the_fewest_kind). Without that balance every
-    #   run collapsed onto one tool in 2-3 steps; with it the greedy test accuracy rose 0.35 -> 0.55.
-    # - One fixed tool order (no rotate_tools): the order the planner is evaluated with.
+    # - kinds calculation,fact: 4 questions of each kind a step, 8 a step in one optimiser step.
+    # - One fixed tool order (no rotate_tools), the order the planner is evaluated with. With the
+    #   orders rotated, the same run collapsed onto Python_Coder in 3 steps (the tool's position in the
+    #   list stayed the planner's strongest feature); in one order it routed by step 6.
     # - One turn (max_turns 1, no verifier): one turn is what routing needs; the two-step questions
     #   stay out of reach. lr 2e-4 for the few optimiser steps (2e-5 and 1e-4 did not move the greedy
     #   choice in 12-14 steps); train_layers 6 and no KL term: the update trains the top 6 layers only

@@ -166,8 +166,8 @@ def tool_choice_tokens(tokenizer, tools) -> tuple[int, ...]:
     then sharpens "name the first tool" (it beats naming none) until every sample of a question picks
     by position, and the gradient that would route by the question vanishes with 1 - p. Drawn among
     the tools only, at a temperature of its own, every tool is tried on every question until training
-    makes one near-certain. The cpu-demo trains this way, with as many groups with signal of each
-    kind in every update (train.beyond_the_fewest_kind); without that balance it collapsed onto one tool."""
+    makes one near-certain. The cpu-demo trains this way, in one tool order (with the orders rotated it
+    collapsed onto one tool: README, "The CPU demo")."""
     ids = [tokenizer(" " + name, add_special_tokens=False).input_ids[0] for name in tools]
     if len(set(ids)) < len(ids):
         same = [n for n, i in zip(tools, ids) if ids.count(i) > 1]

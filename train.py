@@ -202,29 +202,7 @@ def training_rows(trajs, rewards, group_of, cfg) -> list[tuple]:
     # small KL term, at the cost of a reference pass and a forward/backward each; with a sparse
     # reward that is most of the update (DAPO's dynamic sampling, without its resampling).
     flat = flat_groups(rewards, group_of) if cfg.filter_groups else set()
-    if cfg.filter_groups and cfg.kind_names():
-        flat |= beyond_the_fewest_kind(trajs, group_of, flat, cfg.kind_names())
     return [(t, group_of[i]) for t, i in zip(turns, traj_of.tolist()) if t.response_ids and group_of[i] not in flat]
-
-
-def beyond_the_fewest_kind(trajs, group_of, flat: set, kinds) -> set:
-    """With --kinds and --filter-groups: every kind gets as many groups with signal in the update as
-    the kind that has the fewest; the later groups of the other kinds are left out.
-
-    Why (README, the CPU demo): the planner's hidden states at its choice are mostly one vector
-    common to every prompt plus a small part that says the kind. Each group's gradient raises its own
-    better tool along both; along the common part the groups of different kinds cancel only when the
-    update holds as many of each. When calculations pay with the right tool more often than facts
-    (82% vs 67%), the update holds more calculation groups with signal, and that surplus moves every
-    question's choice toward Python_Coder until no sample of a fact question tries Fact_Lookup (the
-    demo runs collapsed so in two to three steps). Kept equal, the common parts cancel."""
-    live: dict = {k: [] for k in kinds}
-    for tr, g in zip(trajs, group_of):
-        k = (tr.example or {}).get("kind")
-        if g not in flat and k in live and g not in live[k]:
-            live[k].append(g)
-    fewest = min(len(groups) for groups in live.values())
-    return {g for groups in live.values() for g in groups[fewest:]}
 
 
 def update(cfg, accelerator, policy, optimizer, minis, pad: int, share_prompts: bool) -> dict:
@@ -450,7 +428,7 @@ def train(cfg: Config, reward_fn=None, given=frozenset(), accelerator=None) -> d
 
         # ---- 6. log: metrics reduced over processes, one line per step ---------------------------
         metrics = step_metrics(step, trajs, rewards, group_of, len(trained), upd, rollout_s, update_s, accelerator, tools)
-        if cfg.filter_groups:  # one process: the groups with signal (with --kinds, as many of each kind)
+        if cfg.filter_groups:  # one process: how many groups had signal and were trained
             metrics["groups_trained"] = len({g for _, g in rows})
         if cfg.kl_coef == 0:
             metrics["kl"] = None  # no reference pass, so no KL to the reference was measured

@@ -154,27 +154,6 @@ def test_kinds_give_every_step_as_many_questions_of_each_kind_and_walk_through_e
     assert kinds == {"calculation", "fact", "two-step"}
 
 
-def test_kinds_with_filter_groups_train_as_many_groups_with_signal_of_each_kind():
-    # 3 calculation groups with signal, 1 fact group with signal, 1 flat fact group: the update gets the
-    # first calculation group and the fact group; without --kinds every group with signal.
-    from rollout import Trajectory, Turn
-
-    kinds = ["calculation"] * 3 + ["fact"] * 2
-    rewards = [[1, 0], [0, 1], [1, 1], [1, 0], [0, 0]]  # question 2 (calculation) and 4 (fact) are flat
-    trajs, group_of, flat_rewards = [], [], []
-    for g, (kind, rs) in enumerate(zip(kinds, rewards)):
-        for r in rs:
-            tr = Trajectory(f"q{g}", example={"kind": kind})
-            tr.turns.append(Turn([1, 2], [3], [-0.5], "", "Python_Coder", "", "", True, False))
-            trajs.append(tr), group_of.append(g), flat_rewards.append(float(r))
-    rewards = torch.tensor(flat_rewards)
-    balanced, _ = train.parse_args(["--filter-groups", "--kinds", "calculation,fact", "--questions-per-step", "8",
-                                    "--mini-batch-questions", "8"])
-    assert sorted({g for _, g in train.training_rows(trajs, rewards, group_of, balanced)}) == [0, 3]
-    plain, _ = train.parse_args(["--filter-groups", "--questions-per-step", "8", "--mini-batch-questions", "8"])
-    assert sorted({g for _, g in train.training_rows(trajs, rewards, group_of, plain)}) == [0, 1, 3]
-
-
 def test_kinds_that_the_data_does_not_have_are_refused_with_the_kinds_it_has(tiny_model_dir, tmp_path):
     cfg, _ = train.parse_args(TINY + ["--model", str(tiny_model_dir), "--out", str(tmp_path / "run"),
                                        "--kinds", "trivia"])
