@@ -17,7 +17,7 @@ two-step questions that need a fact and then a calculation on it), the same ques
        the learning curve: training reward, test accuracy during training, and the baselines as lines
 
 Every step is one of the project's own commands, printed before it runs, so each row of the table can
-be reproduced alone. Rows 3 and 4 do not fit in the 30 minutes with the rest (the demo takes 19 min
+be reproduced alone. Rows 3 and 4 do not fit in the 30 minutes with the rest (the demo takes 17 min
 without them): `python demo.py --baselines only` runs them (about 6 minutes) into the same folder, and
 `python demo.py` then shows them.
 
