@@ -41,6 +41,8 @@ class Config(RolloutConfig):
     kl_coef: float = arg(0.001, "beta, the weight of KL(pi_theta || pi_ref)")
     kl_kind: str = arg("low_var_kl", "KL estimator: low_var_kl (k3, official) or k1")
     agg: str = arg("token-mean", "loss aggregation: token-mean (official) or flow (the paper's 1/G 1/T_i 1/|a|)")
+    credit: str = arg("broadcast", "which planner turns get the trajectory's advantage A_i: broadcast (every turn, "
+                      "Flow-GRPO) or last (only each trajectory's last turn: the ablation that shows why the broadcast matters)")
     scale_advantages: bool = arg(True, "divide by the group std (paper); off = Dr. GRPO")
     old_logprobs: str = arg("sample", "pi_old from the sampling pass ('sample') or a fresh forward ('recompute')")
     rotate_tools: bool = arg(False, "explore: trajectory j of each group sees the tool list rotated by j (each tool first "
@@ -137,6 +139,7 @@ def validate(cfg: Config, world: int = 1):
         (cfg.lr > 0 and cfg.steps >= 1, "--lr must be > 0 and --steps >= 1"),
         (cfg.agg in AGGREGATIONS, f"--agg {cfg.agg!r}: choose from {', '.join(AGGREGATIONS)}"),
         (cfg.kl_kind in KL_KINDS, f"--kl-kind {cfg.kl_kind!r}: choose from {', '.join(KL_KINDS)}"),
+        (cfg.credit in ("broadcast", "last"), f"--credit {cfg.credit!r}: choose broadcast or last"),
         (cfg.old_logprobs in ("sample", "recompute"), "--old-logprobs must be 'sample' or 'recompute'"),
         (cfg.mini_batch_questions >= 1 and cfg.questions_per_step % cfg.mini_batch_questions == 0,
          f"--questions-per-step {cfg.questions_per_step} must be a multiple of --mini-batch-questions {cfg.mini_batch_questions}"),

@@ -202,7 +202,11 @@ def training_rows(trajs, rewards, group_of, cfg) -> list[tuple]:
     # small KL term, at the cost of a reference pass and a forward/backward each; with a sparse
     # reward that is most of the update (DAPO's dynamic sampling, without its resampling).
     flat = flat_groups(rewards, group_of) if cfg.filter_groups else set()
-    return [(t, group_of[i]) for t, i in zip(turns, traj_of.tolist()) if t.response_ids and group_of[i] not in flat]
+    # credit "last" (the ablation): only each trajectory's last turn is trained, so an earlier turn's
+    # choice (turn 1's tool, the sub-goal that carried a result forward) gets no credit at all.
+    last = {id(tr.turns[-1]) for tr in trajs if tr.turns}
+    return [(t, group_of[i]) for t, i in zip(turns, traj_of.tolist())
+            if t.response_ids and group_of[i] not in flat and (cfg.credit == "broadcast" or id(t) in last)]
 
 
 def update(cfg, accelerator, policy, optimizer, minis, pad: int, share_prompts: bool) -> dict:
