@@ -30,6 +30,9 @@ training data is rolled out G times (a group), exactly as train.py does at one s
                              forward, the ratio/clip/KL terms and the AdamW step; what it saves
                              is the language-model head on the prompt (logits_to_keep).
     pad_fraction             padded positions / all positions of the update's micro-batches     <= 0.25
+    search_vs_generate       seconds of one Local_Search query (BM25 over the shipped corpus,   <= 0.1
+                             the mean of 200) / seconds of one engine.generate call of the
+                             rollout (the mean): the search must stay a small part of a turn
     peak_rss_gb              peak resident memory (ru_maxrss) after one full training step:
                              both models, the group's rollout, the reference pass, the update
                              and AdamW's state (read before the baselines run)
@@ -42,7 +45,7 @@ training data is rolled out G times (a group), exactly as train.py does at one s
                              and the tied head on prompt tokens, which the update skips, so on a
                              model whose parameters are mostly vocabulary it can pass 100%.
 
-Sizes default to train.py's `--preset cpu` with G = 8; the loss settings are train.Config's. The
+Sizes default to train.py's `--preset cpu` with G = 8; the loss settings are config.Config's. The
 figures depend on the machine. On a CPU a rollout call prefills 8 rows x 100-300 prompt tokens and
 decodes 6-40, and a prefill costs the same batched or not; only what prefill.py removes (a prefix the
 rows share, computed once; pads, never computed) and the decode steps (8 rows a step cost ~1.8x one
@@ -72,11 +75,13 @@ from bookkeeping.models import EMBEDDED, load_model
 from engine import HFEngine, left_pad
 from rollout import rollout
 from tools import Toolbox, local_search
-from train import PRESETS, Config, collate, fill_logprobs, micro_batches, questions_for_step, step_seed, training_rows, update
+import speedups
+from config import PRESETS, Config
+from train import RowPath, collate, fill_logprobs, micro_batches, questions_for_step, step_seed, training_rows, update
 
 # (key, comparison, target) of every figure that has one; the others are reported only.
 TARGETS = {"rollout_vs_generate": (">=", 0.8), "rollout_batched_speedup": (">=", 3.0), "update_vs_plain": (">=", 0.7),
-           "pad_fraction": ("<=", 0.25), "model_copies": ("<=", 2.0)}
+           "pad_fraction": ("<=", 0.25), "model_copies": ("<=", 2.0), "search_vs_generate": ("<=", 0.1)}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -134,7 +139,7 @@ def replay(recorders) -> tuple[float, int]:
 def plain_step(model, rows, micro: int, pad_id: int, device) -> float:
     """Forward (full logits, HF's own shifted cross-entropy) and backward per micro-batch; seconds."""
     t0 = time.perf_counter()
-    for chunk, _ in micro_batches(rows, micro):
+    for chunk in micro_batches(rows, micro):
         batch = collate(chunk, pad_id, device)  # the update's padding, to the byte
         labels = batch["input_ids"].masked_fill(batch["attention_mask"] == 0, -100)  # (B, L), no loss on pads
         out = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], labels=labels)
@@ -146,7 +151,7 @@ def plain_step(model, rows, micro: int, pad_id: int, device) -> float:
 
 def pad_fraction(rows, micro: int) -> float:
     """Padded positions / all positions of the micro-batches the update runs (collate pads to the longest)."""
-    chunks = [chunk for chunk, _ in micro_batches(rows, micro)]
+    chunks = micro_batches(rows, micro)
     width = lambda t: len(t.prompt_ids) + len(t.response_ids)  # noqa: E731
     positions = sum(len(c) * max(width(t) for t in c) for c in chunks)
     return 1.0 - sum(width(t) for t in rows) / positions if positions else 0.0
@@ -217,7 +222,7 @@ def parse_args(argv=None):
 
 
 def bench(args) -> dict:
-    # 0. The loss settings come from train.Config (the cpu preset), with this run's sizes on top.
+    # 0. The loss settings come from config.Config (the cpu preset), with this run's sizes on top.
     cfg = Config(**{**PRESETS["cpu"], "model": args.model, "data": args.data, "seed": args.seed,
                     "group_size": args.group_size, "questions_per_step": 1, "mini_batch_questions": 1,
                     "max_turns": args.max_turns, "micro_batch_rows": args.micro_batch_rows,
@@ -235,8 +240,8 @@ def bench(args) -> dict:
     frozen.requires_grad_(False)
     optimizer = torch.optim.AdamW(policy.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     policy, optimizer = accelerator.prepare(policy, optimizer)
-    planner = HFEngine(accelerator.unwrap_model(policy), tokenizer, speedups=True)  # the CPU presets' setting
-    frozen_engine = HFEngine(frozen, tokenizer, speedups=True)
+    planner = speedups.FastEngine(accelerator.unwrap_model(policy), tokenizer)  # what train.py chooses here
+    frozen_engine = speedups.FastEngine(frozen, tokenizer)
     pad, device = tokenizer.pad_token_id, accelerator.device
 
     # 2. Warm-up, so no variant pays for first-call costs the others do not: generate on both
@@ -274,12 +279,11 @@ def bench(args) -> dict:
 
     # 4b. The batched rollout again on the plain engine (every row's whole prompt left-padded into
     #     Hugging Face's growing cache, its own sampler), from the same seed: what speedups/ saves.
-    planner.speedups = frozen_engine.speedups = False
+    plain_planner, plain_frozen = HFEngine(planner.model, tokenizer), HFEngine(frozen, tokenizer)
     torch.manual_seed(seed)
     t0 = time.perf_counter()
-    rollout(queries, planner, frozen_engine, toolbox, rcfg, examples=examples)
+    rollout(queries, plain_planner, plain_frozen, Toolbox(tools, llm=plain_frozen), rcfg, examples=examples)
     plain_prefill_s = time.perf_counter() - t0
-    planner.speedups = frozen_engine.speedups = True
 
     # 5. One training step on the batched group: reward -> advantage -> rows -> ref log-probs -> update.
     #    The old log-probs are the sampled ones (old_logprobs=sample), as in train.py's cpu preset.
@@ -291,8 +295,9 @@ def bench(args) -> dict:
     update_tokens = sum(len(t.prompt_ids) + len(t.response_ids) for t in rows)  # real tokens of every row
     policy.train()
     t0 = time.perf_counter()
-    fill_logprobs(frozen, rows, "ref_logp", cfg, accelerator, True, pad)
-    upd = update(cfg, accelerator, policy, optimizer, [rows], pad, share_prompts=True)
+    shared = RowPath(speedups.micro_batches, speedups.forward)  # what train.py chooses here
+    fill_logprobs(frozen, rows, "ref_logp", cfg, accelerator, pad, shared)
+    upd = update(cfg, accelerator, policy, optimizer, [rows], pad, shared)
     update_s = time.perf_counter() - t0
     # The step is over; what runs later belongs to a baseline. (The one-by-one rollouts ran before,
     # but one trajectory at a time needs less memory than the batched group.)
@@ -305,6 +310,13 @@ def bench(args) -> dict:
     replay_s, replay_tokens = replay([rec_planner, rec_frozen])
     assert replay_tokens == rollout_tokens, "the replay must count exactly the rollout's tokens"
     peak_gflops = matmul_gflops()
+    index = local_search()  # built in the warm-up
+    queries_200 = [d["title"] + " founded born" for d in index.docs[:200]]
+    t0 = time.perf_counter()
+    for q in queries_200:
+        index.bm25.scores(q)
+    search_s = (time.perf_counter() - t0) / len(queries_200)
+    generate_s = (rec_planner.seconds + rec_frozen.seconds) / max(len(rec_planner.calls) + len(rec_frozen.calls), 1)
     n_params = sum(p.numel() for p in policy.parameters())
 
     # 7. The figures. Ratios of tok/s on the same token count are ratios of seconds.
@@ -318,6 +330,7 @@ def bench(args) -> dict:
         "rollout_fast_prefill_speedup": plain_prefill_s / max(batched_s, eps),
         "update_vs_plain": update_tok_s / max(plain_tok_s, eps),
         "pad_fraction": pad_fraction(rows, cfg.micro_batch_rows),
+        "search_vs_generate": search_s / max(generate_s, eps), "search_query_s": search_s, "generate_call_s": generate_s,
         "peak_rss_gb": peak,
         "model_copies": copies,
         "matmul_gflops": peak_gflops,
@@ -359,6 +372,7 @@ def table(r: dict) -> str:
             ("rollout_fast_prefill_speedup", f"{r['rollout_fast_prefill_speedup']:.2f}", f"{r['plain_prefill_s']:.3g} s plain prefill vs {r['batched_s']:.3g} s"),
             ("update_vs_plain", f"{r['update_vs_plain']:.3f}", f"{r['update_tok_s']:.1f} vs {r['plain_tok_s']:.1f} tok/s"),
             ("pad_fraction", f"{r['pad_fraction']:.3f}", f"{r['update_rows']} rows, {r['update_tokens']} tokens"),
+            ("search_vs_generate", f"{r['search_vs_generate']:.4f}", f"{1e3 * r['search_query_s']:.2f} ms a query vs {r['generate_call_s']:.3g} s a generate call"),
             ("peak_rss_gb", f"{r['peak_rss_gb']:.2f}", "one training step"),
             ("model_copies", f"{r['model_copies']:.2f}", "policy + frozen"),
             ("matmul_gflops", f"{r['matmul_gflops']:.1f}", "fp32 matmul, best"),

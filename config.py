@@ -16,8 +16,9 @@ from rollout import RolloutConfig, arg
 
 @dataclass
 class Config(RolloutConfig):
-    """Everything a run needs. The rollout fields (max_turns, temperature, *_tokens, memory_chars, tools,
-    speedups) come from rollout.RolloutConfig, so they are written once."""
+    """Everything a run needs. The rollout fields (max_turns, temperature, *_tokens, memory_chars, tools)
+    come from rollout.RolloutConfig, so they are written once; `speedups` is redefined here (unset =
+    chosen where they apply, train.make_engines)."""
 
     # model
     model: str = arg(EMBEDDED, "initial planner weights and frozen modules: HF id, folder, or 'embedded' (SmolLM2-135M)")
@@ -34,6 +35,9 @@ class Config(RolloutConfig):
     questions_per_step: int = arg(32, "questions per rollout batch, over all processes (paper: 32)")
     kinds: str = arg("", "train only on these kinds of question of --data (its 'kind' field), comma-separated, "
                      "as many of each in every step ('' = every question, one shuffle)")
+    speedups: bool = arg(None, "the speed-ups of speedups/ (tested equal to the plain path): unset = on where they apply "
+                               "(one process, a plain KV cache, the tested transformers), else off with one line saying "
+                               "why; --speedups / --no-speedups force them")
     # flow-grpo
     clip_low: float = arg(0.2, "eps_low of the clipped surrogate")
     clip_high: float = arg(0.3, "eps_high of the clipped surrogate")
@@ -45,8 +49,6 @@ class Config(RolloutConfig):
                       "Flow-GRPO) or last (only each trajectory's last turn: the ablation that shows why the broadcast matters)")
     scale_advantages: bool = arg(True, "divide by the group std (paper); off = Dr. GRPO")
     old_logprobs: str = arg("sample", "pi_old from the sampling pass ('sample') or a fresh forward ('recompute')")
-    rotate_tools: bool = arg(False, "explore: trajectory j of each group sees the tool list rotated by j (each tool first "
-                                    "for G/k of the G); evaluation keeps --tools' order")
     filter_groups: bool = arg(False, "leave groups whose G rewards are all equal out of the update (one process only)")
     # optimisation
     lr: float = arg(1e-6, "AdamW learning rate, constant (paper: 1e-6)")
@@ -69,62 +71,49 @@ class Config(RolloutConfig):
         return tuple(k.strip() for k in self.kinds.split(",") if k.strip())
 
 
-# Named sets of defaults. A field given on the command line wins over the preset.
+# Named sets of defaults over Config's (the paper's values); a field given on the command line wins
+# over the preset. The runs that chose each CPU setting: README ("The CPU demo"), results/demo/history.md.
 PRESETS = {
-    # demo.py's training run on 2 CPU cores: the embedded 135M model on the planning suite (calculations,
-    # facts, two-step questions: environment/planning.py). The planner chooses between Python_Coder and
-    # Fact_Lookup, each the one that pays for its own kind of question (Local_Search, which pays for
-    # little at 135M, is a fixed-plan baseline in demo.py, not on the planner's list). What each setting
-    # is for (README, "The CPU demo"; each measured there):
-    # - The action is the tool, one token drawn between the tools' first tokens at tool_temperature 2
-    #   (planner_tokens 1; the sub-goal is then the question). In free text the 135M planner names the
-    #   first tool of its list for any question, and Flow-GRPO sharpened that position rule.
-    # - kinds calculation,fact: 4 questions of each kind a step, 8 a step in one optimiser step.
-    # - One fixed tool order (no rotate_tools), the order the planner is evaluated with. With the
-    #   orders rotated, the same run collapsed onto Python_Coder in 3 steps (the tool's position in the
-    #   list stayed the planner's strongest feature); in one order it routed by step 6.
-    # - One turn (max_turns 1, no verifier): one turn is what routing needs; the two-step questions
-    #   stay out of reach. lr 2e-4 for the few optimiser steps (2e-5 and 1e-4 did not move the greedy
-    #   choice in 12-14 steps); train_layers 6 and no KL term: the update trains the top 6 layers only
-    #   and runs no reference pass (profiled: 55 s -> 24 s for 24 rows; beta 0.001 costs 15 s a step).
+    # demo.py's training run on 2 CPU cores: the embedded 135M model on the planning suite
+    # (environment/planning.py), choosing between the two tools that each answer one kind of question.
+    # - The action is the tool: one token drawn among the listed tools' first tokens at tool_temperature
+    #   (planner_tokens 1; the sub-goal is then the question), in the one tool order it is evaluated in.
+    # - kinds: as many questions of each kind a step, all of a step's questions in one optimiser step.
+    # - One turn, no verifier: what routing needs. A high lr for the few optimiser steps; the top 6
+    #   layers trained and no KL term, so the update runs no reference pass and a short backward.
     "cpu-demo": dict(model=EMBEDDED, data="planning", tools="Python_Coder,Fact_Lookup", tool_temperature=2.0,
                      kinds="calculation,fact", group_size=6, questions_per_step=8, mini_batch_questions=8, max_turns=1,
                      verify=False, analysis_tokens=0, planner_tokens=1, executor_tokens=24, verifier_tokens=6,
-                     generator_tokens=12, memory_chars=500, temperature=0.7, rotate_tools=False, filter_groups=True,
+                     generator_tokens=12, memory_chars=500, temperature=0.7, filter_groups=True,
                      lr=2e-4, steps=12, train_layers=6, kl_coef=0.0,
-                     eval_every=2, eval_n=20, checkpoint_every=10, speedups=True, max_batch=64),
+                     eval_every=2, eval_n=20, checkpoint_every=10, max_batch=64),
     # The embedded 135M model on two CPU cores: small groups, short outputs, a higher learning rate
     # (a 135M model moves little at the 7B rate of 1e-6 in a few dozen steps).
     "cpu": dict(model=EMBEDDED, data="mixed", group_size=4, questions_per_step=2, mini_batch_questions=2,
                 max_turns=2, analysis_tokens=0, planner_tokens=24, executor_tokens=40, verifier_tokens=6,
-                generator_tokens=16, memory_chars=600, lr=2e-6, steps=20, checkpoint_every=5, speedups=True),
-    # The official recipe (the paper's Sec. 4 and the official training script): Qwen2.5-7B-Instruct,
-    # G = 8, 32 questions per step in mini-batches of 8, lr 1e-6, clip 0.2/0.3, beta 0.001 low_var_kl,
-    # 3 turns in training, temperature 0.7, gradient checkpointing; old log-probs recomputed because
-    # bf16 sampling and training kernels disagree. Launch with configs/accelerate_8gpu_fsdp.yaml (bf16).
-    "paper": dict(model="Qwen/Qwen2.5-7B-Instruct", group_size=8, questions_per_step=32, mini_batch_questions=8,
-                  lr=1e-6, clip_low=0.2, clip_high=0.3, kl_coef=0.001, kl_kind="low_var_kl", max_turns=3,
-                  temperature=0.7, gradient_checkpointing=True, old_logprobs="recompute",
+                generator_tokens=16, memory_chars=600, lr=2e-6, steps=20, checkpoint_every=5),
+    # The official recipe (the paper's Sec. 4 and the official training script), which Config's defaults
+    # already hold (G = 8, 32 questions a step in mini-batches of 8, lr 1e-6, clip 0.2/0.3, beta 0.001
+    # low_var_kl, 3 turns, temperature 0.7), with Qwen2.5-7B-Instruct, its reply lengths, gradient
+    # checkpointing, and old log-probs recomputed because bf16 sampling and training kernels disagree.
+    # Launch with configs/accelerate_8gpu_fsdp.yaml (bf16).
+    "paper": dict(model="Qwen/Qwen2.5-7B-Instruct", gradient_checkpointing=True, old_logprobs="recompute",
                   analysis_tokens=256, planner_tokens=256, executor_tokens=512, verifier_tokens=64,
                   generator_tokens=512, memory_chars=16000, micro_batch_rows=4, steps=500, checkpoint_every=25),
-    # One GPU: the paper's recipe (G = 8, clip 0.2/0.3, beta 0.001 low_var_kl, 3 turns, temperature 0.7,
-    # old log-probs recomputed in bf16) at small scale, on the offline mixed suite, with the greedy test
-    # accuracy every 10 steps and before step 1, so the learning curve is the result. Fewer questions
-    # a step (8) and shorter replies than the paper keep a step at a few hundred decode steps per
-    # module; the learning rate is raised for the smaller models and the fewer steps. Launch with
-    # configs/accelerate_1gpu.yaml (bf16); `--dry-run` prints the memory estimate. Not yet run on a GPU.
-    "gpu-24gb": dict(model="Qwen/Qwen2.5-0.5B-Instruct", data="mixed", group_size=8, questions_per_step=8,
-                     mini_batch_questions=4, lr=2e-6, clip_low=0.2, clip_high=0.3, kl_coef=0.001,
-                     kl_kind="low_var_kl", max_turns=3, temperature=0.7, old_logprobs="recompute",
-                     analysis_tokens=96, planner_tokens=96, executor_tokens=192, verifier_tokens=24,
-                     generator_tokens=96, memory_chars=3000, micro_batch_rows=4, steps=60, eval_every=10,
-                     eval_n=100, checkpoint_every=10),
-    "gpu-80gb": dict(model="Qwen/Qwen2.5-1.5B-Instruct", data="mixed", group_size=8, questions_per_step=8,
-                     mini_batch_questions=4, lr=1e-6, clip_low=0.2, clip_high=0.3, kl_coef=0.001,
-                     kl_kind="low_var_kl", max_turns=3, temperature=0.7, old_logprobs="recompute",
-                     gradient_checkpointing=True, analysis_tokens=128, planner_tokens=128, executor_tokens=256,
-                     verifier_tokens=32, generator_tokens=128, memory_chars=6000, micro_batch_rows=8, steps=60,
-                     eval_every=10, eval_n=100, checkpoint_every=10),
+    # One GPU: the paper's recipe (Config's defaults, old log-probs recomputed in bf16) at small scale, on
+    # the offline mixed suite, with the greedy test accuracy every 10 steps and before step 1, so the
+    # learning curve is the result. Fewer questions a step (8) and shorter replies than the paper keep a
+    # step at a few hundred decode steps per module; the learning rate is raised for the smaller model
+    # and the fewer steps. Launch with configs/accelerate_1gpu.yaml (bf16); `--dry-run` prints the memory
+    # estimate. Not yet run on a GPU.
+    "gpu-24gb": dict(model="Qwen/Qwen2.5-0.5B-Instruct", questions_per_step=8, mini_batch_questions=4, lr=2e-6,
+                     old_logprobs="recompute", analysis_tokens=96, planner_tokens=96, executor_tokens=192,
+                     verifier_tokens=24, generator_tokens=96, memory_chars=3000, micro_batch_rows=4, steps=60,
+                     eval_every=10, eval_n=100),
+    "gpu-80gb": dict(model="Qwen/Qwen2.5-1.5B-Instruct", questions_per_step=8, mini_batch_questions=4,
+                     old_logprobs="recompute", gradient_checkpointing=True, analysis_tokens=128, planner_tokens=128,
+                     executor_tokens=256, verifier_tokens=32, generator_tokens=128, memory_chars=6000, steps=60,
+                     eval_every=10, eval_n=100),
 }
 
 

@@ -40,7 +40,7 @@ matplotlib.use("Agg")  # files only, no display
 import matplotlib.pyplot as plt  # noqa: E402
 
 from evaluate import compare  # noqa: E402
-from train import PRESETS  # noqa: E402
+from config import PRESETS  # noqa: E402
 
 BASE, UNTRAINED, FIXED = "base model alone", "AgentFlow, untrained planner", "AgentFlow, fixed plan: "
 ORACLE, TRAINED = "AgentFlow, oracle router", "AgentFlow + Flow-GRPO"

@@ -19,9 +19,8 @@ sampling (so train.py can skip a second forward pass for the old log-probs).
 
 The plain path below is what a reader needs: prompts left-padded into one batch, `model.generate`
 sampling with Hugging Face's own sampler, and a logits processor that records each sampled token's
-log-prob. `HFEngine(..., speedups=True)` swaps in speedups/generate.py (shared prompt prefixes
-computed once, a preallocated KV cache, our own sampler) and decodes equal greedy prompts once, which
-gives the same tokens and log-probs for greedy decoding and the same distribution when sampling (tests/test_engine.py).
+log-prob. A faster engine with the same interface and results is a drop-in that train.py chooses
+where it applies (speedups/; tests/test_engine.py holds the two equal).
 
 Simplifications vs. the official code:
 - The official system samples with vLLM (top_p 0.99, frequency penalty 1.2). We sample from the full
@@ -29,11 +28,9 @@ Simplifications vs. the official code:
   generation_config says) so that the recorded log-probs are exactly the policy's, and the sampling
   distribution is the one the ratio assumes.
 
-Try it:  python engine.py What is the capital of France?
-Test:    python -m pytest -q tests/test_engine.py
+Test:  python -m pytest -q tests/test_engine.py
 """
 
-import dataclasses
 import time
 from dataclasses import dataclass, field
 
@@ -115,9 +112,9 @@ class FirstTokenChoice(LogitsProcessor):
     At the first step every other token gets -inf and the choices are scaled by
     temperature / choice_temperature, so that the sampler's softmax(scores / temperature) is
     softmax over the choices of (logits / choice_temperature); later steps pass through. Placed
-    before the recorder (plain path) or our sampler (speedups), so the recorded log-prob is that of
-    the restricted draw, the one flow_grpo.restrict_first_token recomputes in the update. Greedy:
-    the likeliest choice."""
+    before the processor that records the log-probs, so the recorded log-prob is that of the
+    restricted draw, the one flow_grpo.restrict_first_token recomputes in the update. Greedy: the
+    likeliest choice."""
 
     def __init__(self, choices, temperature: float, choice_temperature: float):
         self.choices = list(choices)
@@ -163,23 +160,32 @@ class StopAt(StoppingCriteria):
 
 def sampling_config(max_new_tokens: int, temperature: float, top_p: float, pad: int, eos: int) -> GenerationConfig:
     """The whole generation config, so that nothing of the model's own (Qwen2.5 ships top_k 20,
-    top_p 0.8 and a repetition penalty) changes the distribution the recorded log-probs describe."""
-    sampling = dict(do_sample=True, temperature=temperature, top_k=0, top_p=top_p) if temperature > 0 else {}
-    return GenerationConfig(max_new_tokens=max_new_tokens, repetition_penalty=1.0, pad_token_id=pad, eos_token_id=eos,
-                            **sampling)
+    top_p 0.8 and a repetition penalty) changes the distribution the recorded log-probs describe.
+
+    Temperature 0 sets do_sample=False too: transformers fills every field left unset from the model's
+    own generation_config, and Qwen2.5-Instruct's says do_sample=True, so greedy would sample
+    (tests/test_gpu_stack.py). Greedy decoding applies no temperature, top_k or top_p; they are left at
+    values that make transformers warn about no flag (it warns about top_k=0 without sampling)."""
+    if temperature > 0:
+        sampling = dict(do_sample=True, temperature=temperature, top_k=0, top_p=top_p)
+    else:
+        sampling = dict(do_sample=False, temperature=1.0, top_p=1.0)
+    return GenerationConfig(max_new_tokens=max_new_tokens, num_beams=1, repetition_penalty=1.0, pad_token_id=pad,
+                            eos_token_id=eos, **sampling)
 
 
 class HFEngine:
     """Batched chat generation over a Hugging Face causal LM (left padding, KV cache)."""
 
-    def __init__(self, model, tokenizer, max_batch: int = 16, speedups: bool = False):
+    def __init__(self, model, tokenizer, max_batch: int = 16, speedups=None):
+        if speedups:  # accepted (False/None) only until evaluate.py and rollout.py stop passing it
+            raise TypeError("HFEngine is the plain engine: for the speed-ups use speedups.FastEngine or speedups.engine")
         self.model = model
         self.tokenizer = tokenizer
         self.tokenizer.padding_side = "left"  # generation appends on the right, so pad on the left
         if self.tokenizer.pad_token_id is None:
             self.tokenizer.pad_token = self.tokenizer.eos_token
         self.max_batch = max_batch  # rows per `generate` call; more prompts are split into chunks
-        self.speedups = speedups  # speedups/generate.py instead of the plain batch below
         self.tokens_generated = 0  # running count, read by benchmarks and metrics
         self.seconds = 0.0
 
@@ -194,16 +200,6 @@ class HFEngine:
         by prompt length to limit padding. Generation.text holds only what the model wrote. `choices`:
         token ids the first new token is drawn from, at choice_temperature (FirstTokenChoice)."""
         prompts = [self.encode(c, prefix) for c in chats]
-        if self.speedups and temperature == 0 and len(set(map(tuple, prompts))) < len(prompts):
-            # Greedy decoding is a function of the prompt, so each distinct prompt is decoded once and
-            # its completion copied to the others. The frozen modules of a group see many equal prompts
-            # (same question, same tool, same sub-goal): in the cpu-demo, the 48 executor and generator
-            # prompts of a step are at most 16 distinct ones (8 questions, 2 tools).
-            distinct = list(dict.fromkeys(map(tuple, prompts)))
-            done = dict(zip(distinct, self.generate_batched([list(p) for p in distinct], max_new_tokens, temperature,
-                                                            top_p, stop, choices, choice_temperature)))
-            return [dataclasses.replace(done[tuple(p)], prompt_ids=list(p), response_ids=list(done[tuple(p)].response_ids),
-                                        logprobs=list(done[tuple(p)].logprobs)) for p in prompts]
         return self.generate_batched(prompts, max_new_tokens, temperature, top_p, stop, choices, choice_temperature)
 
     def generate_batched(self, prompts, max_new_tokens, temperature, top_p, stop, choices, choice_temperature):
@@ -226,12 +222,7 @@ class HFEngine:
         width = max(len(p) for p in prompts)
         stopper = StopAt(self.tokenizer, width, eos, tuple(stop))
         first = [FirstTokenChoice(choices, temperature, choice_temperature)] if choices else []
-        if self.speedups:
-            from speedups.generate import sample  # the same contract, faster on a CPU
-
-            new, logprobs = sample(self.model, prompts, pad, eos, max_new_tokens, temperature, top_p, stopper, first)
-        else:
-            new, logprobs = self.sample(prompts, pad, eos, max_new_tokens, temperature, top_p, stopper, first)
+        new, logprobs = self.sample(prompts, pad, eos, max_new_tokens, temperature, top_p, stopper, first)  # (B, S) x2
         # Cut each row where it ended (EOS kept: the policy sampled it and it is trained on).
         results = []
         for row in range(len(prompts)):
@@ -258,22 +249,3 @@ class HFEngine:
         )  # (B, W + S)
         logprobs = recorder.finish(out)
         return out[:, input_ids.shape[1]:].cpu(), None if logprobs is None else logprobs.cpu()
-
-
-def main(argv=None):
-    import argparse
-
-    from bookkeeping.models import EMBEDDED, load_model
-
-    p = argparse.ArgumentParser(description="Ask the model one question through the engine (greedy).")
-    p.add_argument("question", nargs="*", help="the question (default: What is the capital of France?)")
-    p.add_argument("--model", default=EMBEDDED, help="Hugging Face id or folder; 'embedded' = SmolLM2-135M-Instruct")
-    p.add_argument("--speedups", action="store_true", help="the fast path of speedups/generate.py")
-    args = p.parse_args(argv)
-    model, tok = load_model(args.model)
-    chat = [{"role": "user", "content": " ".join(args.question) or "What is the capital of France?"}]
-    print(HFEngine(model, tok, speedups=args.speedups).generate([chat], max_new_tokens=64, temperature=0)[0].text)
-
-
-if __name__ == "__main__":
-    main()

@@ -38,8 +38,10 @@ Simplifications vs. the paper / the official code:
 - Scoring is the rule-based scoring.score by default; the official evaluation asks GPT-4o. --judge
   asks the frozen base model instead (scoring.judge), which is cheap but is a weak judge at 135M.
 - The planner decodes greedily (--temperature 0) so that a table is reproducible; the official runs
-  sample. Max turns is 10 as in the paper's evaluation; there is no 300 s wall-clock limit per query
-  (every tool call has its own timeout instead).
+  sample. Max turns is 10 as in the paper's evaluation on a GPU (or with --sizes paper); on a CPU the
+  sizes are rollout.CPU_SIZES (the cpu preset's: 2 turns, short replies), which cost the 135M model a
+  fifth as much a question. There is no 300 s wall-clock limit per query (every tool call has its own
+  timeout instead).
 
 Test: python -m pytest -q tests/test_evaluate.py
 """
@@ -62,16 +64,17 @@ from scaleout import remote_engine
 from environment import scoring, tasks
 from bookkeeping.models import EMBEDDED, load_model
 from engine import Generation, HFEngine
-from rollout import RolloutConfig, Trajectory, add_arguments, arg, rollout, rollout_stats
+from rollout import SIZES, RolloutConfig, Trajectory, add_arguments, arg, describe_sizes, machine_sizes, rollout, rollout_stats
 from bookkeeping.report import compare, wilson, write_html
-from tools import Toolbox, set_sandbox
-from train import PRESETS
+from tools import TOOLS, Toolbox, set_sandbox
+from config import PRESETS
 
 
 @dataclass
 class EvalConfig(RolloutConfig):
     """What an evaluation needs; the rollout fields come from rollout.RolloutConfig (written once), with
-    the paper's evaluation values where they differ from training's: 10 turns, a greedy planner."""
+    the paper's evaluation values where they differ from training's: 10 turns, a greedy planner. On a CPU
+    parse_args replaces the sizes by rollout.CPU_SIZES unless --sizes paper (machine_sizes)."""
 
     max_turns: int = arg(10, "T_max: planner turns per question (paper: 10 in evaluation)")
     temperature: float = arg(0.0, "planner temperature (0 = greedy, reproducible); the frozen modules are always greedy")
@@ -87,9 +90,11 @@ class EvalConfig(RolloutConfig):
     checkpoint: str = arg("", "train.py checkpoint folder (step-N/ with planner/, or a save_pretrained folder)")
     frozen_model: str = arg("", "with --checkpoint: the frozen modules' model (default: state.json's, else embedded)")
     frozen_engine: str = arg("", "URL of an OpenAI-compatible server (http://host:port/v1[#model]) for the executor, verifier, generator, Base_Generator and judge")
-    fixed_tool: str = arg("", "agent mode: replace the planner by a rule, this tool every turn with the question as the sub-goal")
-    oracle: bool = arg(False, "agent mode: replace the planner by the oracle router, each question's own tools (its "
-                              "'tools' field, in order) with the question as the sub-goal: the ceiling of routing alone")
+    fixed_tool: str = arg("", "agent mode: replace the planner by a rule, these tools (comma-separated) one a turn in "
+                              "order with the question as the sub-goal, then Done (when listed in --tools)")
+    oracle: str = arg("", "agent mode: replace the planner by an oracle that knows each question's plan (its 'tools' and "
+                          "'sub_goals' fields): router = the right first tool, the question as sub-goal, one turn; "
+                          "planner = every right tool with its hand-written sub-goal")
     label: str = arg("", "system name in tables (default: from mode and model/checkpoint)")
     device: str = arg("auto", "torch device of the models: auto (cuda when there is one, else cpu), cpu, cuda")
     dtype: str = arg("auto", "weights' dtype: auto (bf16 on a GPU that supports it, else fp32), fp32, bf16")
@@ -110,45 +115,70 @@ def _proportion(scores) -> dict:
 
 
 class FixedPlan:
-    """A planner that is a rule, not a model: every turn the same tool, with the question as sub-goal.
+    """A planner that is a rule, not a model: a fixed sequence of tools, one a turn, with the question as
+    the sub-goal; once the sequence is done it stops (Done, when the tool list offers it) or calls the
+    last tool again.
 
-    The baseline that tells what training added beyond "pick one tool for every question": its action
-    text is just the tool name, so modules.parse_action gives the executor the question itself as the
-    sub-goal and no context, the same action a trained planner that learned only the tool would take.
+    The baseline that tells what training added beyond "follow one plan for every question": its
+    action text is just the tool name, so modules.parse_action gives the executor the question itself
+    as the sub-goal and no context, the same action a trained planner that learned only the tools
+    would take. It reads which turn a prompt is for from the prompt's "Step k:" lines.
     """
 
     tokens_generated = 0  # no model: nothing generated, nothing trained
 
-    def __init__(self, tool: str):
-        self.tool = tool
+    def __init__(self, tools, offered=()):
+        self.tools = [tools] if isinstance(tools, str) else list(tools)
+        self.stop = next((t for t in offered if TOOLS[t].kind == "stop"), "")
 
     def generate(self, chats, **kwargs) -> list[Generation]:
-        return [Generation(" " + self.tool, [], [], []) for _ in chats]
+        return [Generation(" " + _next(self.tools, _steps_done(chat), self.stop)) for chat in chats]
 
 
 class OraclePlan:
-    """The oracle router: for each question the tools its example names (the "tools" field, in order;
-    the last one again on later turns), with the question as the sub-goal and no context.
+    """An oracle: a planner that knows each question's right plan (its example's "tools", in order, and
+    "sub_goals"), then stops (Done, when offered).
 
-    The ceiling of routing alone: what a planner reaches that picks the right tool for every
-    question but writes nothing of its own. It reads which question and which turn a planner prompt
-    is for from the prompt itself (its "Question: ..." line and the "Step k:" lines of the memory).
+    kind "router": the right FIRST tool with the question as the sub-goal, one turn: the ceiling of
+    routing alone, what a planner reaches that picks the right tool but writes nothing of its own.
+    kind "planner": every step of the right plan with its hand-written sub-goal ("founder of X", then
+    "birth city of <the founder>", written from the example's known intermediate result): the ceiling
+    of the frozen modules and tools, what a planner that also writes the right sub-goals reaches.
+    It reads which question and which turn a prompt is for from the prompt itself (its "Question: ..."
+    line and the "Step k:" lines of the memory).
     """
 
     tokens_generated = 0
 
-    def __init__(self, examples):
-        self.tools_of = {ex["query"]: list(ex["tools"]) for ex in examples}
+    def __init__(self, examples, kind: str = "router", offered=()):
+        if kind not in ("router", "planner"):
+            raise ValueError(f"oracle kind must be router or planner, got {kind!r}")
+        self.kind = kind
+        self.by_query = {ex["query"]: ex for ex in examples}
+        self.stop = next((t for t in offered if TOOLS[t].kind == "stop"), "")
 
     def generate(self, chats, **kwargs) -> list[Generation]:
         out = []
         for chat in chats:
             text = chat[-1]["content"]
-            query = next((q for q in self.tools_of if re.search(f"^Question: {re.escape(q)}$", text, flags=re.M)), "")
-            done = max([int(k) for k in re.findall(r"^Step (\d+):", text, flags=re.M)], default=0)
-            tools = self.tools_of.get(query) or ["(no oracle tool)"]
-            out.append(Generation(" " + tools[min(done, len(tools) - 1)], [], [], []))
+            ex = next((e for q, e in self.by_query.items() if re.search(f"^Question: {re.escape(q)}$", text, flags=re.M)), None)
+            tools = (ex["tools"] if ex else ["(no oracle tool)"])[: 1 if self.kind == "router" else None]
+            done = _steps_done(chat)
+            action = _next(tools, done, self.stop)
+            if self.kind == "planner" and ex and done < len(tools):
+                action += f"\nSub-Goal: {ex['sub_goals'][done]}"
+            out.append(Generation(" " + action))
         return out
+
+
+def _steps_done(chat) -> int:
+    """How many steps the memory of a planner prompt holds (its "Step k:" lines)."""
+    return max([int(k) for k in re.findall(r"^Step (\d+):", chat[-1]["content"], flags=re.M)], default=0)
+
+
+def _next(tools, done: int, stop: str) -> str:
+    """The tool of turn done + 1 of a fixed sequence: the next one, else stop (or the last again)."""
+    return tools[done] if done < len(tools) else (stop or tools[-1])
 
 
 def evaluate_examples(examples, planner, frozen, cfg: RolloutConfig, mode, toolbox, batch_size,
@@ -271,15 +301,19 @@ def default_label(cfg: EvalConfig, model_name: str) -> str:
     if cfg.fixed_tool:
         return f"AgentFlow ({name}), fixed plan: {cfg.fixed_tool}"
     if cfg.oracle:
-        return f"AgentFlow ({name}), oracle router"
+        return f"AgentFlow ({name}), oracle {cfg.oracle}"
     return f"AgentFlow ({name})" if cfg.mode == "agent" else f"{name} alone"
 
 
 def parse_args(argv=None) -> tuple[EvalConfig, argparse.Namespace]:
-    """EvalConfig from its defaults < --preset (train.py's, rollout sizes only) < the command line."""
+    """EvalConfig from its defaults < the sizes for the machine (--sizes: rollout.CPU_SIZES on a CPU) or
+    --preset (train.py's, rollout fields only) < the command line. args.sizes_source says which."""
     parser = argparse.ArgumentParser(description="Evaluate AgentFlow or the model alone; or --compare result folders.")
     parser.add_argument("--preset", choices=sorted(PRESETS), help="take the rollout sizes (turns, token limits, memory, "
                         "tools, speedups) of this train.py preset; the planner stays greedy unless --temperature")
+    parser.add_argument("--sizes", choices=SIZES, default="auto", help="without --preset: cpu (rollout.CPU_SIZES, the cpu "
+                        "preset's: 2 turns, short replies), paper (EvalConfig's defaults: the paper's 10 turns, a query "
+                        "analysis), auto (cpu on a CPU, paper on a GPU); a size flag wins over either")
     add_arguments(parser, EvalConfig)
     parser.add_argument("--compare", nargs="+", metavar="DIR", help="print a markdown table of these --out folders")
     parser.add_argument("--json", metavar="FILE", help="with --compare: also write the table as JSON entries")
@@ -294,6 +328,13 @@ def parse_args(argv=None) -> tuple[EvalConfig, argparse.Namespace]:
         parser.error("--frozen-model only applies with --checkpoint (with --model one model plays every part)")
     rollout_fields = {f.name for f in fields(RolloutConfig)} - {"temperature"}
     preset = {k: v for k, v in PRESETS[args.preset].items() if k in rollout_fields} if args.preset else {}
+    if args.preset:
+        args.sizes_source = f"--preset {args.preset}"
+    else:  # the sizes that fit the device the models will run on (device_and_dtype's choice)
+        device = args.device or "auto"
+        device = ("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else device
+        name, preset = machine_sizes(args.sizes, device)
+        args.sizes_source = f"{name}, --sizes {args.sizes} on {device.split(':')[0]}"
     given = {f.name: getattr(args, f.name) for f in fields(EvalConfig) if getattr(args, f.name) is not None}
     cfg = EvalConfig(**{**preset, **given})
     for name, low in (("n", 1), ("batch_size", 1), ("max_turns", 1), ("temperature", 0), ("tool_temperature", 0), ("analysis_tokens", 0),
@@ -312,9 +353,12 @@ def parse_args(argv=None) -> tuple[EvalConfig, argparse.Namespace]:
         tools = cfg.tool_names()
     except ValueError as e:
         parser.error(str(e))
-    if cfg.fixed_tool and (cfg.mode != "agent" or cfg.checkpoint or cfg.fixed_tool not in tools):
-        parser.error(f"--fixed-tool takes one of --tools ({', '.join(tools)}), in --mode agent, without "
+    plan = [t.strip() for t in cfg.fixed_tool.split(",") if t.strip()]
+    if cfg.fixed_tool and (cfg.mode != "agent" or cfg.checkpoint or not plan or not set(plan) <= set(tools)):
+        parser.error(f"--fixed-tool takes tools of --tools ({', '.join(tools)}), comma-separated, in --mode agent, without "
                      f"--checkpoint (it replaces the planner); got {cfg.fixed_tool!r}")
+    if cfg.oracle not in ("", "router", "planner"):
+        parser.error(f"--oracle must be router or planner, got {cfg.oracle!r}")
     if cfg.oracle and (cfg.mode != "agent" or cfg.checkpoint or cfg.fixed_tool):
         parser.error("--oracle replaces the planner: --mode agent, without --checkpoint or --fixed-tool")
     return cfg, args
@@ -354,9 +398,11 @@ def main(argv=None):
         raise SystemExit(f"evaluate.py: error: --data {cfg.data} holds no examples")
     if len(examples) < cfg.n:
         print(f"note: {cfg.data} has only {len(examples)} examples; evaluating those", file=sys.stderr)
-    if cfg.oracle and not all(isinstance(ex.get("tools"), list) and ex["tools"] for ex in examples):
-        raise SystemExit(f"evaluate.py: error: --oracle needs a 'tools' field (the right tools, in order) in every "
-                         f"example; --data {cfg.data} lacks it (the planning suite has it)")
+    need = ("tools",) if cfg.oracle == "router" else ("tools", "sub_goals")
+    if cfg.oracle and not all(isinstance(ex.get(k), list) and ex[k] for ex in examples for k in need):
+        raise SystemExit(f"evaluate.py: error: --oracle {cfg.oracle} needs {' and '.join(repr(k) for k in need)} fields "
+                         f"(the right tools, in order, and a sub-goal for each) in every example; --data {cfg.data} lacks "
+                         "them (the planning suite has them)")
     if cfg.checkpoint:
         planner_path, base = resolve_checkpoint(cfg.checkpoint)
         cfg.frozen_model = cfg.frozen_model or base or EMBEDDED
@@ -367,6 +413,7 @@ def main(argv=None):
     device, dtype = device_and_dtype(cfg)
     set_sandbox(cfg.sandbox)
     print("config: " + json.dumps(asdict(cfg)), flush=True)
+    print(describe_sizes(cfg, args.sizes_source), flush=True)
     torch.manual_seed(cfg.seed)
 
     # 2. Engines: one for --model; a planner and a frozen one for --checkpoint (frozen only if used).
@@ -382,9 +429,9 @@ def main(argv=None):
         frozen = HFEngine(*load_model(cfg.frozen_model, dtype=dtype, device=device), speedups=cfg.speedups,
                           max_batch=cfg.max_batch)
     if cfg.fixed_tool:
-        planner = FixedPlan(cfg.fixed_tool)
+        planner = FixedPlan(cfg.fixed_tool.split(","), offered=cfg.tool_names())
     elif cfg.oracle:
-        planner = OraclePlan(examples)
+        planner = OraclePlan(examples, cfg.oracle, offered=cfg.tool_names())
     print(f"models loaded in {time.perf_counter() - t0:.1f} s on {device} in {str(dtype).removeprefix('torch.')}", file=sys.stderr)
 
     # 3. Run, writing each record as soon as its batch is scored (a crash keeps what was done).
@@ -406,7 +453,7 @@ def main(argv=None):
                         model=cfg.model if not cfg.checkpoint else "", checkpoint=cfg.checkpoint,
                         frozen_model=cfg.frozen_model or cfg.model, device=device, dtype=str(dtype).removeprefix("torch."), scorer="judge" if cfg.judge else "rule",
                         tokens_generated=planner.tokens_generated + (frozen.tokens_generated if frozen is not planner else 0),
-                        config=asdict(cfg))
+                        sizes=args.sizes_source, config=asdict(cfg))
     (out / "summary.json").write_text(json.dumps(summary, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
     write_html(records, out / "trajectories.html", title=f"{cfg.label} on {cfg.data} ({cfg.mode})")
     print(format_summary(summary))

@@ -10,20 +10,22 @@ advantage is normalised within the group of G trajectories sampled for the same 
             - beta * KL(pi_theta || pi_ref)                                   policy_loss, kl_penalty
     loss  = -J
 
-How one training step puts it together (train.py runs exactly this):
+How one training step puts it together (train.py runs this, in training_rows and update):
 
     A        = group_advantages(rewards, question_ids)                     # (N,) one per trajectory
     row_adv  = broadcast(A, turn_counts)                                   # (B,) r_t^i = R_i: every turn gets A_i
     _, row_T = turn_rows(turn_counts)                                      # (B,) T_i of each row's trajectory
     ... one row per planner turn (prompt s_t, response a_t, A_i, T_i); per micro-batch of rows:
-    logp     = token_logprobs(logits, targets, temperature)                # (B, T) log pi_theta(a_tj)
+    logits   = restrict_first_token(logits, batch, temperature, ...)       # (B, R, V) the tool choice, if any
+    logp     = token_logprobs(logits, targets, temperature)                # (B, R) log pi_theta(a_tj)
     loss, st = flow_grpo_loss(logp, batch, cfg, normaliser)
              = policy_loss(logp, old_logp, row_adv, mask, ...)             # clipped surrogate
-               + kl_coef * agg_loss(kl_penalty(logp, ref_logp), mask, ...)  # beta = 0.001
+               + kl_coef * agg_loss(kl_penalty(logp, ref_logp), mask, ...)  # beta: 0.001 in the paper
 
 Shape legend: N trajectories, G group size (trajectories per question), B turn-rows (one per
-planner turn, trajectory by trajectory), T tokens per row, V vocabulary. The paper's T_i (the
-number of planner turns of trajectory i) is called `turn_counts` here to keep T for tokens.
+planner turn, trajectory by trajectory), R response positions (the longest |a_t|), V vocabulary.
+The paper's T_i (the number of planner turns of trajectory i) is `turn_counts` here (batch["turns"]
+per row).
 
 Where this file follows the paper and where the official code (AgentFlow on verl 0.5.0):
 - Paper: advantages are normalised over the G trajectory rewards of a question. The official code
@@ -148,7 +150,7 @@ def broadcast(advantages: torch.Tensor, turn_counts) -> torch.Tensor:
 
 def agg_loss(per_token: torch.Tensor, mask: torch.Tensor, agg: str = "token-mean", turn_counts=None,
              normaliser: float | torch.Tensor | None = None, group_size: int | None = None) -> torch.Tensor:
-    """Reduce a (B, T) per-token loss to a scalar; shared by the policy and the KL term.
+    """Reduce a (B, R) per-token loss to a scalar; shared by the policy and the KL term.
 
     agg="token-mean" (official code):  sum_bj m_bj l_bj / normaliser,
         normaliser defaults to the number of masked tokens in this batch.
@@ -167,13 +169,13 @@ def agg_loss(per_token: torch.Tensor, mask: torch.Tensor, agg: str = "token-mean
     if agg not in AGGREGATIONS:
         raise ValueError(f"unknown agg {agg!r}; choose one of {AGGREGATIONS}")
     if per_token.shape != mask.shape or per_token.dim() != 2:
-        raise ValueError(f"per_token and mask must both be (B, T); got {tuple(per_token.shape)} and {tuple(mask.shape)}")
+        raise ValueError(f"per_token and mask must both be (B, R); got {tuple(per_token.shape)} and {tuple(mask.shape)}")
     keep = mask.bool()
     # torch.where (not a multiplication, inf * 0 = NaN) so that garbage at masked positions cannot
     # leak into the value; per_token gets a gradient of exactly 0 there. An op upstream that made
     # an inf can still turn that 0 into NaN (0 * inf), which is why policy_loss masks the log-ratio
     # before exp() and kl_penalty clamps.
-    per_token = torch.where(keep, per_token, torch.zeros_like(per_token))  # (B, T)
+    per_token = torch.where(keep, per_token, torch.zeros_like(per_token))  # (B, R)
     if normaliser is not None and float(normaliser) <= 0:
         raise ValueError(f"normaliser must be > 0, got {float(normaliser)}")
 
@@ -213,7 +215,7 @@ def kl_penalty(logp: torch.Tensor, ref_logp: torch.Tensor, kind: str = "low_var_
     k3 is from J. Schulman, "Approximating KL Divergence" (http://joschu.net/blog/kl-approx.html).
     As in verl, ref - logp is clamped to +-20 before exp and the result to [-10, 10], so one
     token the policy has moved far from the reference cannot blow up the loss.
-    Returns a tensor of the input shape, usually (B, T); aggregate it with agg_loss.
+    Returns a tensor of the input shape, usually (B, R); aggregate it with agg_loss.
     """
     if kind not in KL_KINDS:
         raise ValueError(f"unknown KL kind {kind!r}; choose one of {KL_KINDS}")
@@ -245,7 +247,7 @@ def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Te
                 = min(max(pg_losses1, pg_losses2), pg_losses3) in verl's compute_policy_loss,
                   with pg_losses1 = -A*ratio, pg_losses2 = -A*clip(ratio), pg_losses3 = -A*c.
 
-    logp, old_logp, mask: (B, T) for B turn-rows; advantages: (B,) (see broadcast); mask is 1 for
+    logp, old_logp, mask: (B, R) for B turn-rows; advantages: (B,) (see broadcast); mask is 1 for
     the response tokens the planner sampled. With one update per rollout batch old_logp == logp,
     so ratio == 1 and clipping never fires; the full formula stays because the official recipe
     takes several mini-batch steps per rollout batch, where it matters.
@@ -257,7 +259,7 @@ def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Te
     ratio_mean, ratio_max and pg_loss.
     """
     if not (logp.shape == old_logp.shape == mask.shape) or logp.dim() != 2:
-        raise ValueError(f"logp, old_logp and mask must all be (B, T); got {tuple(logp.shape)}, "
+        raise ValueError(f"logp, old_logp and mask must all be (B, R); got {tuple(logp.shape)}, "
                          f"{tuple(old_logp.shape)}, {tuple(mask.shape)}")
     if advantages.shape != logp.shape[:1]:
         raise ValueError(f"advantages must be (B,) = ({logp.shape[0]},), one per turn-row; got "
@@ -271,15 +273,15 @@ def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Te
 
     # 1. Probability ratio per token. Masked positions are set to log-ratio 0 *before* exp so
     #    that garbage there (prompt, padding) gets exactly zero gradient and cannot overflow.
-    log_ratio = torch.where(keep, logp - old_logp, torch.zeros_like(logp))  # (B, T)
+    log_ratio = torch.where(keep, logp - old_logp, torch.zeros_like(logp))  # (B, R)
     log_ratio = log_ratio.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
-    ratio = log_ratio.exp()  # (B, T) rho
+    ratio = log_ratio.exp()  # (B, R) rho
 
     # 2. The two surrogates; the pessimistic min removes any incentive to push rho outside
     #    [1 - eps_low, 1 + eps_high] in the direction the advantage favours.
-    surr1 = ratio * A  # (B, T)
-    surr2 = ratio.clamp(1.0 - clip_low, 1.0 + clip_high) * A  # (B, T)
-    objective = torch.min(surr1, surr2)  # (B, T)
+    surr1 = ratio * A  # (B, R)
+    surr2 = ratio.clamp(1.0 - clip_low, 1.0 + clip_high) * A  # (B, R)
+    objective = torch.min(surr1, surr2)  # (B, R)
 
     # 3. Dual clip: for A < 0 an unbounded ratio makes -rho*A unbounded; c * A floors the
     #    objective (caps the loss at -c*A) so one stale, very likely token cannot dominate.
@@ -288,7 +290,7 @@ def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Te
         objective = torch.where(A < 0, torch.max(objective, surr3), objective)
 
     # 4. Aggregate: token-mean (official) or the paper's 1/G sum_i 1/T_i sum_t 1/|a_t| sum_j.
-    per_token_loss = -objective  # (B, T)
+    per_token_loss = -objective  # (B, R)
     loss = agg_loss(per_token_loss, mask, agg=agg, turn_counts=turn_counts, normaliser=normaliser,
                     group_size=group_size)
 
@@ -319,7 +321,7 @@ def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Te
 
 
 def _scaled_logits(logits: torch.Tensor, temperature: float) -> torch.Tensor:
-    """logits / temperature in float32, making at most one (B, T, V) copy."""
+    """logits / temperature in float32, making at most one (B, R, V) copy."""
     if not temperature > 0:
         raise ValueError(f"temperature must be > 0, got {temperature}")
     scaled = logits.float()  # a new tensor only when logits were bf16/fp16
@@ -332,7 +334,7 @@ def _scaled_logits(logits: torch.Tensor, temperature: float) -> torch.Tensor:
 def restrict_first_token(logits: torch.Tensor, batch: dict, temperature: float, choice_temperature: float) -> torch.Tensor:
     """The tool choice as the policy makes it under --tool-temperature: a row's FIRST response token
     is drawn only from its `choices` (the first tokens of the listed tools' names), at the choice
-    temperature. Returns logits (B, T, V) in which, at that position of such a row, every other token
+    temperature. Returns logits (B, R, V) in which, at that position of such a row, every other token
     is -1e9 and the choices are scaled by temperature / choice_temperature, so that
 
         log softmax(logits / temperature)[a] = log softmax over the choices of (logits / choice_temperature)[a]
@@ -368,32 +370,32 @@ def first_token_fields(choices_per_row, first_pos) -> dict:
 
 
 def token_logprobs(logits: torch.Tensor, targets: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
-    """log softmax(logits / temperature)[target] for every position, (B, T, V) -> (B, T).
+    """log softmax(logits / temperature)[target] for every position, (B, R, V) -> (B, R).
 
     Computed as gather(z, target) - logsumexp(z) with z = logits / temperature, so no second
-    (B, T, V) log-softmax tensor is built. The temperature must be the sampling temperature
+    (B, R, V) log-softmax tensor is built. The temperature must be the sampling temperature
     (0.7 officially): the ratio compares the policy that sampled to the one being trained.
     The caller aligns the shift: logits[:, t] must be the prediction of targets[:, t].
     """
     if logits.dim() != 3 or targets.shape != logits.shape[:-1]:
-        raise ValueError(f"need logits (B, T, V) and targets (B, T); got {tuple(logits.shape)} and {tuple(targets.shape)}")
-    z = _scaled_logits(logits, temperature)  # (B, T, V)
-    target_z = z.gather(-1, targets.long().unsqueeze(-1)).squeeze(-1)  # (B, T)
-    return target_z - torch.logsumexp(z, dim=-1)  # (B, T)
+        raise ValueError(f"need logits (B, R, V) and targets (B, R); got {tuple(logits.shape)} and {tuple(targets.shape)}")
+    z = _scaled_logits(logits, temperature)  # (B, R, V)
+    target_z = z.gather(-1, targets.long().unsqueeze(-1)).squeeze(-1)  # (B, R)
+    return target_z - torch.logsumexp(z, dim=-1)  # (B, R)
 
 
 def entropy_from_logits(logits: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
-    """Entropy of softmax(logits / temperature) at every position, (B, T, V) -> (B, T).
+    """Entropy of softmax(logits / temperature) at every position, (B, R, V) -> (B, R).
 
         H = -sum_v p_v log p_v = logsumexp(z) - sum_v p_v z_v,   p = softmax(z)
     The second form (verl's) stays finite when a token's probability underflows to 0 (log 0).
     Used for logging: the official entropy coefficient is 0.
     """
     if logits.dim() != 3:
-        raise ValueError(f"need logits (B, T, V), got {tuple(logits.shape)}")
-    z = _scaled_logits(logits, temperature)  # (B, T, V)
-    probs = torch.softmax(z, dim=-1)  # (B, T, V)
-    return torch.logsumexp(z, dim=-1) - (probs * z).sum(dim=-1)  # (B, T)
+        raise ValueError(f"need logits (B, R, V), got {tuple(logits.shape)}")
+    z = _scaled_logits(logits, temperature)  # (B, R, V)
+    probs = torch.softmax(z, dim=-1)  # (B, R, V)
+    return torch.logsumexp(z, dim=-1) - (probs * z).sum(dim=-1)  # (B, R)
 
 
 # -----------------------------------------------------------------------------
@@ -405,7 +407,7 @@ def flow_grpo_loss(logp: torch.Tensor, batch: dict, cfg, normaliser: float) -> t
 
         loss = policy_loss(logp, old_logp, A, mask) + kl_coef * agg_loss(kl_penalty(logp, ref_logp), mask)
 
-    logp: (B, T) log pi_theta of the response tokens; batch holds old_logp, ref_logp, mask (B, T) and
+    logp: (B, R) log pi_theta of the response tokens; batch holds old_logp, ref_logp, mask (B, R) and
     advantages, turns (B,) (T_i, for agg="flow"); cfg the loss settings (clip_low, clip_high, clip_c,
     kl_coef, kl_kind, agg). normaliser is the WHOLE mini-batch's token count (token-mean) or trajectory
     count (flow), summed over processes, so micro-batch losses add up to the mini-batch loss.
@@ -419,7 +421,7 @@ def flow_grpo_loss(logp: torch.Tensor, batch: dict, cfg, normaliser: float) -> t
     if cfg.kl_coef == 0:
         stats["kl"] = 0.0
         return pg_loss, stats
-    per_token_kl = kl_penalty(logp, batch["ref_logp"], cfg.kl_kind)  # (B, T)
+    per_token_kl = kl_penalty(logp, batch["ref_logp"], cfg.kl_kind)  # (B, R)
     kl_loss = agg_loss(per_token_kl, batch["mask"], agg=cfg.agg, turn_counts=batch["turns"], normaliser=normaliser)
     with torch.no_grad():
         keep = batch["mask"].bool()

@@ -16,8 +16,8 @@ a documented fallback applies:
     parse_action     tool: the "Tool Name:" field matched case/space/underscore-insensitively, or the one
                      tool the field names among other words ("Python_Coder to compute it"). A field that
                      names several tools chose none ("<one of Python_Coder, Fact_Lookup>", the prompt's
-                     own line copied: read as its first tool, it paid, and a training run learned to
-                     write it); nor does a field that names no tool. Only with no field at all: the last
+                     own line copied, must not read as its first tool); nor does a field that names no
+                     tool. Only with no field at all: the last
                      known tool mentioned anywhere in the text. Else tool "" and valid False: the step
                      is recorded as a failed step ("Error: no valid tool") and the loop goes on.
                      Sub-goal missing: the question. Context missing: "".
@@ -97,11 +97,8 @@ def planner_prompt(query: str, analysis: str, tools, memory: Memory, memory_char
 
     What is the same for many prompts comes first, what changes comes last: the tool list and the
     format line (the same for every prompt that lists the tools in one order), then the question, then
-    the memory. Prompts then share a long prefix, which the rollout's prefill and the update compute
-    once (speedups/prefill.py, speedups/shared_prompt.py): on the cpu-demo's first turn, 24 prompts of
-    4 questions in 3 tool orders, the shared part is about 150 of 180 tokens. Measured with
-    bookkeeping/tool_choice.py (6 test questions a kind, 3 orders), the untrained planner names a tool
-    as often with the question last as with it before the format line, and as blindly."""
+    the memory. Prompts then share a long prefix (on a first turn, all but the question), which the
+    speed-ups compute once in the rollout's prefill and in the update."""
     return chat(
         "You choose the tool for the next step of an agent that answers questions.",
         f"Tools:\n{render_for_planner(tools)}\n\n"
@@ -137,17 +134,20 @@ def verifier_prompt(query: str, analysis: str, memory: Memory, memory_chars: int
 def generator_prompt(query: str, memory: Memory, memory_chars: int = 1200) -> list[dict]:
     """Generator ("direct" variant): the final answer from the memory.
 
-    Question first, then the steps, then the request: with the results between the question and
-    the request, the 135M model answered from them for 32 of 40 agent trajectories whose memory held
-    the right number, against 21 of 40 with the question after the results (it then copied the
-    question's expression). Question first also lets the G trajectories of a question share a longer
-    prompt prefix (prefill.plan_prefix_sharing). No placeholder such as "<final answer>" in the format
-    line: the 135M model copies it verbatim.
+    Question first, then the steps, then the request: the results sit between the question and the
+    request, where a small model answers from them rather than copying the question's expression, and
+    the G trajectories of a question share a longer prompt prefix. No placeholder such as "<final
+    answer>" in the format line: a small model copies it verbatim (results/demo/history.md).
+
+    The last step's value is restated before the request: with two labelled facts in memory (a
+    two-hop question's bridge and its answer) the 135M generator otherwise copies either one.
     """
+    last = memory.steps[-1].result.split(": ", 1)[-1].strip() if memory.steps else ""
     return chat(
         "You answer questions from the results of tools.",
         f"Question: {query}\n\nSteps so far:\n{memory.render(memory_chars)}\n\n"
-        "What is the answer to the question? Use the results above. Reply with the answer only.",
+        + (f"The last step's result answers the question: {last}\n\n" if last else "")
+        + "What is the answer to the question? Reply with the answer only.",
     )
 
 

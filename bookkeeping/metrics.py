@@ -18,12 +18,14 @@ Sums are all-reduced over processes, so every figure covers the whole batch of a
 """
 
 import hashlib
+import math
+from collections import Counter
 from pathlib import Path
 
 import torch
 
-from flow_grpo import flat_groups
-from rollout import rollout_stats
+from flow_grpo import entropy_from_logits, flat_groups
+from tools import is_error
 
 
 # Figures measured on the trained rows; a step that trained no row (every group filtered out) has none.
@@ -31,13 +33,44 @@ UPDATE_STATS = ("kl", "clip_frac_low", "clip_frac_high", "ratio_mean", "entropy"
 UPDATE_SUMS = ("kl", "clip_frac_low", "clip_frac_high", "ratio_mean", "entropy", "pg_loss")  # summed per micro-batch
 
 
-def step_metrics(step, trajs, rewards, group_of, n_rows, upd, rollout_s, update_s, accelerator, tools) -> dict:
+def new_update_sums() -> dict:
+    """What train.update adds up for the metrics line: the UPDATE_SUMS and the real tokens of every
+    micro-batch it trained (`micro` counts them), the loss, the largest finite gradient norm, and the
+    optimiser steps applied and skipped."""
+    return {**dict.fromkeys(UPDATE_SUMS, 0.0), "loss": 0.0, "grad_norm": 0.0, "tokens": 0, "micro": 0,
+            "optimizer_steps": 0, "skipped_updates": 0}
+
+
+@torch.no_grad()
+def add_micro_batch(sums: dict, stats: dict, logits, batch: dict, temperature: float):
+    """One trained micro-batch: flow_grpo_loss's stats, and the entropy of pi_theta on its response tokens."""
+    sums["entropy"] += entropy_from_logits(logits[batch["mask"].bool()][None], temperature).mean().item()
+    for k in UPDATE_SUMS:
+        if k != "entropy":
+            sums[k] += stats[k]
+    sums["tokens"] += int(batch["attention_mask"].sum())
+    sums["micro"] += 1
+
+
+def add_optimizer_step(sums: dict, loss: float, grad_norm: float, applied: bool):
+    """One mini-batch's optimiser step (applied, or skipped for a non-finite loss or gradient)."""
+    sums["loss"] += loss
+    sums["optimizer_steps" if applied else "skipped_updates"] += 1
+    if math.isfinite(grad_norm):
+        sums["grad_norm"] = max(sums["grad_norm"], grad_norm)
+
+
+def step_metrics(step, trajs, rewards, group_of, n_rows, upd, rollout_s, update_s, accelerator, tools,
+                 groups_trained=None, kl_measured=True) -> dict:
     """Per-step metrics; sums are reduced over processes so every figure covers the whole batch.
 
-    upd holds train.py's sums over the micro-batches this process trained (kl, entropy, clip
-    fractions, ratio_mean, pg_loss) and their count `micro`: the means here are over every process's
-    micro-batches, not rank 0's."""
-    rs = rollout_stats(trajs)  # tool calls and errors per tool
+    upd holds train.update's sums over the micro-batches this process trained (new_update_sums) and
+    their count `micro`: the means here are over every process's micro-batches, not rank 0's.
+    groups_trained (filter_groups, one process): how many groups had signal and were trained.
+    kl_measured False (kl_coef 0): no reference pass ran, so the KL is null, not a made-up 0."""
+    turns = [t for tr in trajs for t in tr.turns]
+    calls = Counter(t.tool or "(none)" for t in turns)
+    errors = Counter(t.tool or "(none)" for t in turns if is_error(t.result))
     sums = {
         "n": len(trajs), "reward": float(rewards.sum()), "correct": float((rewards >= 1).sum()),
         "groups": len(set(group_of)), "zero_std": len(flat_groups(rewards, group_of)),
@@ -48,8 +81,8 @@ def step_metrics(step, trajs, rewards, group_of, n_rows, upd, rollout_s, update_
         "empty_cmd": sum(t.valid_action and not t.command for tr in trajs for t in tr.turns),
         "gen_tokens": sum(len(t.response_ids) for tr in trajs for t in tr.turns), "update_tokens": upd["tokens"],
         "upd_loss": upd["loss"],
-        **{f"calls/{t}": rs["tool_calls"].get(t, 0) for t in tools + ("(none)",)},
-        **{f"errors/{t}": rs["tool_errors"].get(t, 0) for t in tools + ("(none)",)},
+        **{f"calls/{t}": calls[t] for t in tools + ("(none)",)},
+        **{f"errors/{t}": errors[t] for t in tools + ("(none)",)},
     }
     keys = sorted(sums)
     total = accelerator.reduce(torch.tensor([float(sums[k]) for k in keys], device=accelerator.device), "sum").tolist()
@@ -68,7 +101,8 @@ def step_metrics(step, trajs, rewards, group_of, n_rows, upd, rollout_s, update_
         "grad_norm": upd["grad_norm"], "skipped_updates": upd["skipped_updates"], "optimizer_steps": upd["optimizer_steps"],
         "rollout_s": rollout_s, "update_s": update_s,
         "rollout_tok_s": s["gen_tokens"] / max(rollout_s, 1e-9), "update_tok_s": s["update_tokens"] / max(update_s, 1e-9),
-    } | ({} if s["rows"] else {k: None for k in UPDATE_STATS})  # nothing trained (filter_groups): no such figure
+    } | ({} if s["rows"] else {k: None for k in UPDATE_STATS}) | (  # nothing trained (filter_groups): no such figure
+        {} if groups_trained is None else {"groups_trained": groups_trained}) | ({} if kl_measured else {"kl": None})
 
 
 def _f(value, spec: str) -> str:

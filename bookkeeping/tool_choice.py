@@ -34,7 +34,6 @@ from engine import encode_chat
 from flow_grpo import token_logprobs
 from memory import Memory
 from environment import tasks
-from train import tool_orders
 
 
 def tool_probabilities(model, tokenizer, query: str, tools) -> list[float]:
@@ -60,7 +59,7 @@ def kind_of(ex) -> str:
 
 def table(model, tokenizer, examples, tools) -> dict:
     """{kind: {first tool of the order: [P(tool) for tool in tools]}}, averaged over that kind's examples."""
-    orders = tool_orders(tools, len(tools), rotate=True)  # every rotation once, as in training
+    orders = [tuple(tools[j:]) + tuple(tools[:j]) for j in range(len(tools))]  # every rotation of the list once
     kinds = {}
     for ex in examples:
         kinds.setdefault(kind_of(ex), []).append(ex)

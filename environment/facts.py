@@ -102,9 +102,41 @@ def _has(pattern: str, text: str) -> bool:
 def lookup(command) -> str:
     """The fact the command asks for, '<attribute> of <entity>: <value>'; never raises (see the docstring).
 
+    A command of several parts, "sub-goal | question" (what rollout.py sends), is read part by part:
+    the first part that names an entity decides, and a later part only names the attribute when that
+    part names none ("Zhelleis Vraelein | In which city was the founder of X born?" asks Zhelleis
+    Vraelein's birth city, not X's founder).
+
     >>> lookup("Who founded Noullysk Foundry?")
     'founder of Noullysk Foundry: Brukras Veirtha'
     """
+    parts = command.split(" | ") if isinstance(command, str) else [""]
+    for i, part in enumerate(parts):
+        if _named(part.lower()):
+            found = _lookup_one(part)
+            if i + 1 < len(parts) and not _attribute_named(part):  # the entity alone: the rest says what of it
+                found = _lookup_one(part + " " + " ".join(_unnamed(p) for p in parts[i + 1:]))
+            return found
+    return _lookup_one(command)
+
+
+def _unnamed(text: str) -> str:
+    """The text with every invented word taken out (so that it names an attribute but no entity)."""
+    _, by_word, _ = _world()
+    return re.sub(r"[A-Za-z]+", lambda m: "" if m.group().lower() in by_word else m.group(), text)
+
+
+def _named(text: str) -> list:
+    _, by_word, _ = _world()
+    return [by_word[w] for w in re.findall(r"[a-z]+", text) if w in by_word]
+
+
+def _attribute_named(text: str) -> bool:
+    t = text.lower()
+    return any(_has(k, t) for kind, _ in _named(t) for _, _, keys in ATTRIBUTES[kind] for k in keys)
+
+
+def _lookup_one(command) -> str:
     text = command.lower() if isinstance(command, str) else ""
     _, by_word, _ = _world()
     named = []  # (position in the command, kind, entity), each entity once

@@ -1,29 +1,32 @@
-"""The "planning" suite: questions whose right tool differs from one kind to the next, so that a
-planner that routes well beats every fixed plan (the CPU demo's suite).
+"""The "planning" suite: questions whose right plan differs in length and order from one kind to the
+next, so that a planner that plans well beats every fixed plan (the CPU demo's suite).
 
-Three kinds, each example naming the tools an oracle router would call in order (`tools`):
+Four kinds, each example naming its right plan: the tools in order (`tools`) and a hand-written
+sub-goal for each step (`sub_goals`, what evaluate.py's oracle planner writes):
 
-    calculation  "What is 4821 * 37?"                                 Python_Coder
-    fact         "Who founded Zhervym Motors?"                        Fact_Lookup
-    two-step     "What is 57 plus the year in which Zhervym Motors was founded?"
-                                                                      Fact_Lookup, then Python_Coder
-                 with the year from step 1 in its sub-goal or context: the question alone does not
-                 hold it, so the executor can only write print(57 + 1856) if the planner passes it on
+    calculation    "What is 4821 * 37?"                                  Python_Coder
+    fact           "Who founded Zhervym Motors?"                         Fact_Lookup
+    fact-then-sum  "What is 57 plus the year in which Zhervym Motors     Fact_Lookup ("founding year of
+                    was founded?"                                        Zhervym Motors"), then Python_Coder
+                                                                         ("57 + 1856")
+    two-hop        "In which city was the founder of Zhervym Motors      Fact_Lookup ("founder of Zhervym
+                    born?"                                               Motors"), then Fact_Lookup
+                                                                         ("birth city of Zhelleis Vraelein")
 
-Shaped to fit a frozen 135M executor and generator (each measured with an oracle plan, README):
+In the two multi-step kinds step 2 needs what step 1 found: the question alone does not hold the year
+or the founder, and the tool of step 2 reads only the question and the planner's sub-goal and context
+(the executor never sees the memory), so the planner's own words must carry the result forward.
+
+Shaped to fit a frozen 135M executor and generator (each measured with the oracle planner, README):
 - calculation keeps the shapes the executor turns into a correct one-line program most of the time
-  (a product, an exact division, a * b - c * d, two short word problems) and leaves out the ones it
-  garbles (parentheses, which it drops: "(a + b) * c" becomes "a + b * c"; multi-sentence stories);
-- fact questions are corpus.py's one-hop questions, answered by Fact_Lookup's one labelled line,
-  which the generator copies; Local_Search's passages stay in the tool list, but at 135M the
-  generator rarely finds the fact in them;
-- two-step questions end in one sum with a looked-up number (the executor swaps the numbers of a
-  subtraction), and are a fifth of the suite: the part that needs the planner to carry a result
-  forward. The CPU demo runs one planner turn (train.py's cpu-demo preset: a second turn tripled the
-  step), so there they stay unsolved by every system and are reported apart.
+  (a product, an exact division, a * b - c * d, two short word problems);
+- fact questions are corpus.py's one-hop questions, answered by Fact_Lookup's one labelled line;
+- fact-then-sum ends in a sum (the executor writes the numbers of a subtraction in either order);
+- two-hop questions are corpus.py's two-hop questions whose second hop is one Fact_Lookup of the
+  bridge entity that the first hop named.
 
-The split is corpus-question-level: a hash of the query (tasks._in_test_split) puts each into train
-or test, so no test question is trained on (an entity can appear in both, with another question).
+The split is question-level: a hash of the query (tasks._in_test_split) puts each into train or test,
+so no test question is trained on (an entity can appear in both, with another question).
 
 Run:   python -m environment.tasks --suite planning --n 10
 Test:  python -m pytest -q tests/test_planning.py
@@ -32,10 +35,11 @@ Test:  python -m pytest -q tests/test_planning.py
 import random
 
 from environment import corpus
-from environment.facts import _world
+from environment.facts import ATTRIBUTES, KINDS, _world
 
-PARTS = ("calculation", "fact", "two-step")
-SHARES = (2, 2, 1)  # of every 5 questions: 2 calculations, 2 facts, 1 two-step
+PARTS = ("calculation", "fact", "fact-then-sum", "two-hop")
+SHARES = (3, 3, 2, 2)  # of every 10 questions: 3 calculations, 3 facts, 4 multi-step
+MULTI_STEP = ("fact-then-sum", "two-hop")
 
 
 def calculation_pool(seed: int, size: int = 4000):
@@ -58,19 +62,22 @@ def calculation_pool(seed: int, size: int = 4000):
         else:
             speed, hours = rng.randint(45, 180), rng.randint(3, 19)
             query, answer = f"A train goes {speed} km per hour for {hours} hours. How many km does it travel?", speed * hours
-        yield {"query": query, "answer": answer, "task": "exact", "kind": "calculation", "tools": ["Python_Coder"]}
+        yield {"query": query, "answer": answer, "task": "exact", "kind": "calculation", "tools": ["Python_Coder"],
+               "sub_goals": [query]}
 
 
 def fact_pool(seed: int):
     """corpus.py's one-hop questions over the shipped world (seed 0), each answered by one Fact_Lookup."""
     del seed  # the world is the shipped one; the split, not the seed, decides which questions are tested
-    for item in corpus.lookup_questions(corpus.build_world(seed=0)):
+    world = corpus.build_world(seed=0)
+    for item in corpus.lookup_questions(world):
         if item["hops"] == 1:
+            [entity] = item["entities"]
             yield {"query": item["question"], "answer": item["answer"], "task": "exact", "kind": "fact",
-                   "fact_kind": item["kind"], "tools": ["Fact_Lookup"]}
+                   "fact_kind": item["kind"], "tools": ["Fact_Lookup"], "sub_goals": [_ask(entity, FACT_KINDS[item["kind"]])]}
 
 
-def two_step_pool(seed: int):
+def fact_then_sum_pool(seed: int):
     """A fact, then one sum with it: "What is 57 plus the year in which X was founded?" (year + 57).
     A sum, because the frozen executor writes the numbers of a subtraction in either order
     (asked "How many years before 2030 ...?" with the year in its context it printed 1899 - 2030)."""
@@ -81,11 +88,52 @@ def two_step_pool(seed: int):
         ("cities", "founded", "What is {k} plus the year in which {name} was founded?"),
         ("people", "birth_year", "What is {k} plus the year in which {name} was born?"),
         ("inventions", "year", "What is {k} plus the year in which the {name} was invented?"),
-        ("cities", "population", "What is {k} plus the population of {name}?"),
     ]
     for kind, attribute, template in templates:
         for e in world[kind]:
             k = rng.randint(11, 99)
-            shown = f"{e[attribute]:,}" if attribute == "population" else str(e[attribute])
             yield {"query": template.format(k=k, name=e["name"]), "answer": e[attribute] + k, "task": "exact",
-                   "kind": "two-step", "tools": ["Fact_Lookup", "Python_Coder"], "intermediate": shown, "addend": k}
+                   "kind": "fact-then-sum", "tools": ["Fact_Lookup", "Python_Coder"],
+                   "sub_goals": [_ask(e["id"], attribute), f"{k} + {e[attribute]}"], "intermediate": str(e[attribute]),
+                   "addend": k}
+
+
+# corpus.py's two-hop question kinds: (attribute of the named entity that names the bridge, attribute
+# of the bridge entity that is the answer).
+TWO_HOP_KINDS = {
+    "founder_birthplace": ("founder", "birth_city"), "founder_birth_year": ("founder", "birth_year"),
+    "founder_profession": ("founder", "profession"), "hq_country": ("hq_city", "country"),
+    "hq_founded": ("hq_city", "founded"), "inventor_birthplace": ("inventor", "birth_city"),
+    "inventor_birth_year": ("inventor", "birth_year"), "maker_founder": ("maker", "founder"),
+    "maker_hq": ("maker", "hq_city"), "birth_country": ("birth_city", "country"),
+}
+# corpus.py's one-hop question kinds: the attribute asked.
+FACT_KINDS = {
+    "birthplace": "birth_city", "birth_year": "birth_year", "profession": "profession", "company_founder": "founder",
+    "company_founded": "founded", "company_hq": "hq_city", "inventor": "inventor", "invention_year": "year",
+    "maker": "maker", "city_founded": "founded", "city_country": "country", "city_population": "population",
+}
+
+
+def two_hop_pool(seed: int):
+    """corpus.py's two-hop questions: a fact names a bridge entity, a fact of the bridge is the answer
+    ("In which city was the founder of X born?": the founder of X, then the founder's birth city)."""
+    del seed
+    world = corpus.build_world(seed=0)
+    _, _, by_id = _world()
+    for item in corpus.lookup_questions(world):
+        if item["hops"] == 2:
+            first, bridge = item["entities"]
+            a1, a2 = TWO_HOP_KINDS[item["kind"]]
+            yield {"query": item["question"], "answer": item["answer"], "task": "exact", "kind": "two-hop",
+                   "fact_kind": item["kind"], "tools": ["Fact_Lookup", "Fact_Lookup"],
+                   "sub_goals": [_ask(first, a1), _ask(bridge, a2)], "intermediate": by_id[bridge]["name"]}
+
+
+def _ask(entity_id: str, attribute: str) -> str:
+    """The hand-written sub-goal of a lookup, in Fact_Lookup's own words: "founder of Zhervym Motors"."""
+    _, _, by_id = _world()
+    entity = by_id[entity_id]
+    kind = next(k for k in KINDS if any(e is entity for e in _world()[0][k]))
+    label = next(label for a, label, _ in ATTRIBUTES[kind] if a == attribute)
+    return f"{label} of {entity['name']}"

@@ -22,7 +22,7 @@ What load() accepts, in this order:
      "game24"      every solvable puzzle of four numbers 1-13 (any valid expression scores);
      "lookup"      one- and two-hop questions over the fictional corpus of corpus.py (seed 0 world);
      "mixed"       equal shares of the three, so the planner must learn which tool fits which question;
-     "planning"    the CPU demo's suite (planning.py): calculations, facts and two-step questions in
+     "planning"    the CPU demo's suite (planning.py): calculations, facts and two multi-step kinds in
                    the proportions 2 : 2 : 1, each example naming its right tools ("tools").
 2. An official AgentFlow benchmark by name ("bamboogle", "2wiki", "hotpotqa", "musique", "aime24",
    "amc23", "gameof24", "medqa"): the file shared/benchmarks/<name>.json, found in the folder named
@@ -86,7 +86,7 @@ def load(name_or_path, split="test", n=None, seed=0, *, skip_bad_rows=False, rep
         if split not in ("train", "test"):
             raise ValueError(f"split must be 'train' or 'test', got {split!r}")
         if name == "planning":
-            from environment import planning  # the demo's suite: calculation, fact and two-step questions
+            from environment import planning  # the demo's suite: one-step and multi-step questions
 
             return _mixed(split, n, seed, planning.PARTS, planning.SHARES)
         return _mixed(split, n, seed) if name == "mixed" else _sample(name, split, n, seed)
@@ -228,11 +228,12 @@ def _in_test_split(query: str) -> bool:
 @functools.lru_cache(maxsize=None)
 def _pool(suite: str) -> dict:
     """{"train": [...], "test": [...]} of one generated suite, built once per process."""
-    if suite in ("calculation", "fact", "two-step"):  # the parts of the planning suite
+    if suite in ("calculation", "fact", "fact-then-sum", "two-hop"):  # the parts of the planning suite
         from environment import planning
 
         make = functools.partial({"calculation": planning.calculation_pool, "fact": planning.fact_pool,
-                                  "two-step": planning.two_step_pool}[suite], POOL_SEED)
+                                  "fact-then-sum": planning.fact_then_sum_pool, "two-hop": planning.two_hop_pool}[suite],
+                                 POOL_SEED)
     else:
         make = {"arithmetic": _arithmetic_pool, "game24": _game24_pool, "lookup": _lookup_pool}[suite]
     splits, seen = {"train": [], "test": []}, set()

@@ -28,10 +28,15 @@ DDP needs neither the stand-ins nor the plain generation model (its collectives 
 broadcast at each forward and the gradient all-reduce), but the stand-ins keep those counts equal
 too, so train.py evens out whenever there are several processes.
 
+Two things of the launcher's FSDP setup are undone before the models exist on the GPUs:
+- `keep_buffers_fp32`: Accelerate's bf16 policy would cast the rotary frequencies to bf16;
+- `load_on_every_rank`: fsdp_cpu_ram_efficient_loading would leave the frozen copy zeros off rank 0.
+
 Test: python -m pytest -q tests/test_gpu_paths.py -k fsdp   (two gloo CPU processes, torch's FSDP)
 """
 
 import contextlib
+import os
 
 import torch
 from accelerate import DistributedType
@@ -42,6 +47,41 @@ WRAPPER_PREFIXES = ("_fsdp_wrapped_module.", "_checkpoint_wrapped_module.")
 
 def is_fsdp(accelerator) -> bool:
     return accelerator.distributed_type == DistributedType.FSDP
+
+
+def keep_buffers_fp32(accelerator):
+    """Under FSDP, keep the policy's buffers (the rotary inv_freq) in fp32 whatever the launcher's precision.
+
+    Accelerate's FSDP plugin gives its bf16 MixedPrecision policy buffer_dtype bf16 too
+    (FullyShardedDataParallelPlugin.set_mixed_precision), and FSDP's lazy init (summon_full_params
+    runs it as well) casts every buffer to it. inv_freq in bf16 is off by up to 0.4% (7 stored
+    mantissa bits), a phase error of radians at positions in the thousands, in the update, the recomputed
+    old log-probs and the rollout, while the reference model keeps fp32: the KL would not be 0 at
+    step 0. Parameters are still gathered and multiplied in bf16; only the buffers stay fp32. Call it
+    before prepare(); FSDP2's policy casts no buffers, so there is nothing to do for it."""
+    plugin = getattr(accelerator.state, "fsdp_plugin", None) if is_fsdp(accelerator) else None
+    policy = getattr(plugin, "mixed_precision_policy", None)
+    if getattr(policy, "buffer_dtype", None) not in (None, torch.float32):
+        policy.buffer_dtype = torch.float32
+
+
+@contextlib.contextmanager
+def load_on_every_rank():
+    """from_pretrained reads the checkpoint on every rank inside this block.
+
+    With Accelerate's fsdp_cpu_ram_efficient_loading (configs/accelerate_8gpu_fsdp.yaml), the launcher
+    sets FSDP_CPU_RAM_EFFICIENT_LOADING, and transformers then loads a model's weights on local rank 0
+    only: transformers 5.17 leaves every parameter and buffer zero on the other ranks, waiting for
+    FSDP's sync_module_states broadcast. That broadcast happens for the policy, which prepare() wraps,
+    but never for the frozen copy, which is not wrapped: ranks 1-7 would run the executor, verifier,
+    generator and the reference log-probs on zeros. (5.24 happens to load the weights everywhere.)"""
+    key = "FSDP_CPU_RAM_EFFICIENT_LOADING"  # read by transformers' is_fsdp_enabled() at each load
+    saved = os.environ.pop(key, None)
+    try:
+        yield
+    finally:
+        if saved is not None:
+            os.environ[key] = saved
 
 
 def generation_model(accelerator, policy):
@@ -117,18 +157,18 @@ def accumulation_context(accelerator, policy, last: bool):
     return accelerator.no_sync(policy)
 
 
-def even_out(chunks, accelerator) -> list[tuple[list, bool, bool]]:
-    """(rows, shared, real) for every micro-batch, as many on every rank as the rank with the most.
+def even_out(chunks, accelerator) -> list[tuple[list, bool]]:
+    """(rows, real) for every micro-batch, as many on every rank as the rank with the most.
 
     A stand-in (real=False) repeats one of this rank's rows, or, for a rank with none, a one-token row
     of pad ids; the caller multiplies its loss by 0 and records nothing from it."""
-    out = [(chunk, shared, True) for chunk, shared in chunks]
+    out = [(chunk, True) for chunk in chunks]
     if accelerator.num_processes == 1:
         return out
     most = int(accelerator.reduce(torch.tensor(len(out), device=accelerator.device), "max").item())
     if len(out) < most:
-        stand_in = [out[0][0][0]] if out and not out[0][1] else [_blank_row()]
-        out += [(stand_in, False, False)] * (most - len(out))
+        stand_in = [out[0][0][0]] if out else [_blank_row()]
+        out += [(stand_in, False)] * (most - len(out))
     return out
 
 

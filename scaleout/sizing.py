@@ -20,9 +20,16 @@ Per GPU, with P parameters, W GPUs and FSDP full sharding (DDP and one GPU: noth
                          L x layers x (10 x hidden + 4 x intermediate) x 2 B without gradient
                          checkpointing (attention's q, k, v, output and norms; the MLP's gate, up,
                          activation and product), L x layers x hidden x 2 B with it (one saved
-                         input per layer; the layer being recomputed adds one layer's worth)
-    logits               rows x R x vocab x 4 B x 2 (fp32 log-softmax over the response positions
-                         only, and its gradient)
+                         input per layer; the layer being recomputed adds one layer's worth).
+                         Autocast is not pure bf16: it keeps the residual stream and RMSNorm in
+                         fp32 and saves the cast inputs besides, so x 1.25 without checkpointing,
+                         and the saved layer input (the residual stream) is fp32, 4 B, with it
+    autocast weights     P x 2 B under bf16 autocast without FSDP: the bf16 copies of the weights that
+                         autocast makes for the forward and keeps for the backward (0.9 GiB at 0.5B);
+                         FSDP's bf16 policy gathers bf16 weights unit by unit instead
+    logits               rows x R x vocab x 4 B x 2 in fp32 (the log-softmax over the response positions
+                         only, and its gradient); under autocast x 2: the bf16 logits, their fp32
+                         copy (flow_grpo._scaled_logits), both gradients and the entropy's softmax
     rollout KV cache     rows x L x layers x 2 x kv_heads x head_dim x 2 B (4 B in fp32), for at most 16 rows:
                          the engine generates 16 rows a call (engine.HFEngine.max_batch), however
                          many trajectories the step rolls out
@@ -43,6 +50,9 @@ import json
 from pathlib import Path
 
 GIB = 1024**3
+# Autocast's activations over pure bf16 ones, without checkpointing: the fp32 residual stream and
+# RMSNorm, and the cast copies of inputs saved for the backward (about 20-25% more; not measured here).
+AUTOCAST_ACTIVATIONS = 1.25
 
 # Known architectures, from their published config.json files (read once; nothing is downloaded).
 KNOWN = {
@@ -100,7 +110,11 @@ def estimate(model: str, gpus: int = 1, sharded: bool = False, bf16: bool = True
     head_dim = h // a["num_attention_heads"]
     width = 2 if bf16 else 4  # bytes of an activation or a cached key/value: bf16 under autocast, else fp32
     saved = h if checkpointing else 10 * h + 4 * a["intermediate_size"]  # values kept per token and layer
-    act_per_token = layers * saved * width
+    if checkpointing:  # the one saved input per layer is the residual stream, fp32 even under autocast
+        act_per_token = layers * saved * 4
+    else:  # autocast's fp32 residual stream and norms, and the inputs it saves after casting them
+        act_per_token = layers * saved * width * (AUTOCAST_ACTIVATIONS if bf16 else 1)
+    replicated = not (sharded and gpus > 1)
     states = {  # held for the whole run
         "policy_weights": p * 4 / shard,
         "gradients": p * 4 / shard,
@@ -109,10 +123,12 @@ def estimate(model: str, gpus: int = 1, sharded: bool = False, bf16: bool = True
     }
     update = {  # only during the update
         "activations": micro_rows * row_tokens * act_per_token,
-        "logits": micro_rows * response_tokens * a["vocab_size"] * 4 * 2,  # logits and their gradient
+        "autocast_weights": p * 2 if bf16 and replicated else 0,  # autocast's bf16 copies of the weights
+        # fp32 logits and their gradient; under autocast also the bf16 logits, their gradient, the softmax
+        "logits": micro_rows * response_tokens * a["vocab_size"] * 4 * 2 * (2 if bf16 else 1),
     }
     rollout = {  # only during the rollout; under FSDP the shards are gathered into full fp32 weights
-        "rollout_full_weights": (p * 4) if sharded and gpus > 1 else 0,
+        "rollout_full_weights": 0 if replicated else p * 4,
         "rollout_kv_cache": rollout_rows * row_tokens * layers * 2 * a["num_key_value_heads"] * head_dim * width,
     }
     gib = {k: v / GIB for k, v in {**states, **update, **rollout}.items()}
@@ -128,6 +144,7 @@ def report(model: str, **kw) -> str:
     """The estimate as lines a person reads before launching."""
     e = estimate(model, **kw)
     where = f"{kw.get('gpus', 1)} GPU(s), {'FSDP-sharded' if kw.get('sharded') else 'replicated (DDP or one device)'}"
+    where += ", bf16 autocast" if kw.get("bf16", True) else ", fp32"
     lines = [f"memory estimate for {model} ({e['parameters_billion']:.2f} B parameters), per GPU, {where}:"]
     for k, v in e.items():
         if k not in ("total", "parameters_billion", "peak_update", "peak_rollout"):

@@ -13,9 +13,14 @@ summary.json that it ran on CUDA in the precision asked for:
     fp32 + checkpointing --gradient-checkpointing --speedups (the CPU speed-ups, on the GPU)
     resume               the checkpointed bf16 run continued to step 3 from its run folder
     evaluate             evaluate.py --checkpoint on the GPU (--device auto, --dtype auto: cuda, bf16)
+    greedy               engine.HFEngine at temperature 0 decodes greedily under 3 seeds although the
+                         model's generation_config asks to sample (Qwen2.5-Instruct's)
+    fsdp bf16 buffers    one-process FSDP with the MixedPrecision policy Accelerate builds for bf16,
+                         after scaleout/distributed.keep_buffers_fp32: inv_freq still fp32 and exact
 
 One line per check (PASS or FAIL, seconds, what it ran on); exit status 1 if any failed, 2 if torch
-sees no CUDA GPU. About 1-2 minutes on one GPU (six launches of a few seconds of work each).
+sees no CUDA GPU or a package train.py needs is missing (one line says which, and how to get it).
+About 1-2 minutes on one GPU (six launches of a few seconds of work each, two short probes).
 `--cpu` runs the same checks on the CPU (launcher --cpu, expecting device cpu and fp32 evaluation),
 which is how tests/test_gpu_paths.py keeps this script from rotting on machines without a GPU.
 
@@ -24,13 +29,17 @@ Test: python -m pytest -q tests/test_gpu_paths.py -k gpu_check
 """
 
 import argparse
+import importlib.util
 import json
 import os
+import shlex
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
 import time
+import types
 from pathlib import Path
 
 import torch
@@ -44,6 +53,21 @@ TINY = ["--data", "arithmetic", "--group-size", "2", "--questions-per-step", "2"
         "--max-turns", "2", "--analysis-tokens", "0", "--planner-tokens", "8", "--executor-tokens", "8",
         "--verifier-tokens", "3", "--generator-tokens", "4", "--lr", "1e-3", "--sample-every", "0",
         "--tools", "Python_Coder,Base_Generator"]
+# What train.py and evaluate.py import besides torch (transformers brings tokenizers and safetensors).
+REQUIRED = ["transformers", "accelerate", "requests", "tqdm", "numpy"]
+# Qwen2.5-*-Instruct's generation_config.json: it asks to sample, which temperature 0 must override.
+SAMPLING_GENERATION_CONFIG = dict(do_sample=True, temperature=0.7, top_p=0.8, top_k=20, repetition_penalty=1.05)
+
+
+def missing_packages() -> dict:
+    """{package: its requirements.txt line} for each package of REQUIRED that this Python cannot import."""
+    pins = {}
+    for line in (ROOT / "requirements.txt").read_text().splitlines():
+        name = line.split("#")[0].strip()
+        for package in REQUIRED:
+            if name.startswith(package) and name[len(package):][:1] in ("=", ">", "<", "~", ""):
+                pins[package] = name
+    return {p: pins.get(p, p) for p in REQUIRED if importlib.util.find_spec(p) is None}
 
 
 def build_tiny_model(folder: Path):
@@ -67,6 +91,72 @@ def build_tiny_model(folder: Path):
                          pad_token_id=tokenizer.pad_token_id, bos_token_id=None)
     Qwen2ForCausalLM(config).save_pretrained(folder)
     tokenizer.save_pretrained(folder)
+
+
+def probe_greedy(model_dir: Path, device: str) -> str:
+    """'' when temperature 0 gives the greedy tokens under several seeds with a sampling generation_config."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
+
+    sys.path.insert(0, str(ROOT))
+    from engine import HFEngine
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir).to(device).eval()
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    chat = [{"role": "user", "content": "What is 12 + 30?"}]
+    greedy = HFEngine(model, tokenizer).generate([chat], max_new_tokens=12, temperature=0.0)[0].response_ids
+    model.generation_config = GenerationConfig(**SAMPLING_GENERATION_CONFIG)
+    for seed in range(3):
+        torch.manual_seed(seed)
+        got = HFEngine(model, tokenizer).generate([chat], max_new_tokens=12, temperature=0.0)[0].response_ids
+        if got != greedy:
+            return f"seed {seed}: temperature 0 gave {got}, greedy decoding gives {greedy}"
+    return ""
+
+
+def probe_fsdp_buffers(model_dir: Path, device: str) -> str:
+    """'' when FSDP under Accelerate's bf16 policy, as train.py sets it up, leaves inv_freq fp32 and exact."""
+    import torch.distributed as dist
+    from accelerate import DistributedType
+    from accelerate.utils import FullyShardedDataParallelPlugin
+    from torch.distributed.fsdp import FullyShardedDataParallel
+    from transformers import AutoModelForCausalLM
+
+    sys.path.insert(0, str(ROOT))
+    from scaleout import distributed
+
+    with socket.socket() as s:  # a free port for a process group of one
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    dist.init_process_group("nccl" if device == "cuda" else "gloo", init_method=f"tcp://127.0.0.1:{port}",
+                            rank=0, world_size=1)
+    try:
+        model = AutoModelForCausalLM.from_pretrained(model_dir)
+        built = {n: b.clone() for n, b in model.named_buffers() if n.endswith("inv_freq")}
+        # Accelerate's own code builds the bf16 policy (buffer_dtype bf16 too); its plugin object is not
+        # built here, since it refuses to exist without a GPU, and --cpu runs this probe too.
+        plugin = types.SimpleNamespace(fsdp_version=1, mixed_precision_policy=None)
+        FullyShardedDataParallelPlugin.set_mixed_precision(plugin, "bf16")
+        distributed.keep_buffers_fp32(types.SimpleNamespace(distributed_type=DistributedType.FSDP,
+                                                            state=types.SimpleNamespace(fsdp_plugin=plugin)))
+        wrapped = FullyShardedDataParallel(model, mixed_precision=plugin.mixed_precision_policy, use_orig_params=True,
+                                           device_id=torch.device(device))
+        with torch.no_grad():
+            wrapped(input_ids=torch.tensor([[1, 2, 3]], device=device))  # FSDP's lazy init casts the buffers here
+        after = {n.replace("_fsdp_wrapped_module.", ""): b for n, b in wrapped.named_buffers()}
+        bad = [f"{n} {after[n].dtype}" for n, b in built.items()
+               if after[n].dtype != torch.float32 or not torch.equal(after[n].cpu(), b)]
+        return f"rotary buffers changed under FSDP bf16: {', '.join(bad)}" if bad else ""
+    finally:
+        dist.destroy_process_group()
+
+
+PROBES = {"greedy": probe_greedy, "fsdp-buffers": probe_fsdp_buffers}
+
+
+def probe(name: str, model: Path, cpu: bool) -> list[str]:
+    """The command that runs one probe in its own process (a crash or a hang stays in it)."""
+    return [sys.executable, str(Path(__file__).resolve()), "--probe", name, "--model", str(model),
+            *(["--cpu"] if cpu else [])]
 
 
 def launch(launcher: list[str], args: list[str], cpu: bool) -> list[str]:
@@ -131,6 +221,10 @@ def checks(work: Path, model: Path, cpu: bool):
           "--generator-tokens", "4", "--analysis-tokens", "0", "--tools", "Python_Coder,Base_Generator",
           "--out", str(work / "eval")],
          evaluated),
+        ("temperature 0 is greedy when the model's generation_config samples", probe("greedy", model, cpu),
+         lambda: ""),
+        ("FSDP with Accelerate's bf16 policy keeps the rotary buffers fp32", probe("fsdp-buffers", model, cpu),
+         lambda: ""),
     ]
 
 
@@ -138,7 +232,20 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--cpu", action="store_true", help="run the same checks on the CPU (no GPU needed): tests this script")
     p.add_argument("--keep", metavar="DIR", help="work in DIR and keep it (default: a temporary folder, removed)")
+    p.add_argument("--probe", choices=sorted(PROBES), help="run one in-process check on --model (the checks use it)")
+    p.add_argument("--model", type=Path, help="the model folder for --probe")
     args = p.parse_args(argv)
+    missing = missing_packages()
+    if missing:
+        wheels = " ".join(shlex.quote(pin) for pin in missing.values())
+        print(f"gpu_check: {', '.join(missing)} not installed for {sys.executable}: {sys.executable} -m pip install "
+              f"{wheels} (without a registry: `pip download {wheels}` where there is one, then pip install "
+              "--no-index --find-links DIR)", file=sys.stderr)
+        return 2
+    if args.probe:
+        problem = PROBES[args.probe](args.model, "cpu" if args.cpu else "cuda")
+        print(problem or "ok", file=sys.stderr if problem else sys.stdout)
+        return 1 if problem else 0
     if not args.cpu and not torch.cuda.is_available():
         print(f"gpu_check: torch {torch.__version__} sees no CUDA GPU (CUDA build: {torch.version.cuda or 'none'}): "
               "run it on a machine with an NVIDIA GPU and a CUDA build of torch, or pass --cpu to run the same "
@@ -156,7 +263,8 @@ def main(argv=None) -> int:
     failed = 0
     try:
         build_tiny_model(work / "tiny-model")
-        for name, cmd, verify in checks(work, work / "tiny-model", args.cpu):
+        todo = checks(work, work / "tiny-model", args.cpu)
+        for name, cmd, verify in todo:
             t0 = time.perf_counter()
             try:
                 res = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=240)
@@ -169,7 +277,7 @@ def main(argv=None) -> int:
     finally:
         if not args.keep:
             shutil.rmtree(work, ignore_errors=True)
-    print(f"gpu_check: {failed} of 6 checks failed" if failed else "gpu_check: all 6 checks passed")
+    print(f"gpu_check: {failed} of {len(todo)} checks failed" if failed else f"gpu_check: all {len(todo)} checks passed")
     return 1 if failed else 0
 
 

@@ -1,8 +1,8 @@
-"""HFEngine's fast sampling (speedups=True): the plain engine's contract, faster on a CPU.
+"""FastEngine: engine.HFEngine with the speed-ups, the plain engine's contract, faster on a CPU.
 
 engine.HFEngine.sample left-pads the prompts, lets `generate` prefill the whole batch into Hugging
-Face's growing DynamicCache and sample with its own sampler. Here three things change, each measured
-on the embedded model (README, "Benchmark"):
+Face's growing DynamicCache and sample with its own sampler. FastEngine changes four things, each
+measured on the embedded model (README, "Results"):
 
 1. prefill.py computes the prompts' KV cache without waste: a prefix shared by several rows (the G
    samples of a question) once, rows in length buckets so no pad is computed. `generate` then only
@@ -12,6 +12,8 @@ on the embedded model (README, "Benchmark"):
    x 500 prompt tokens).
 3. sampler.Sample draws each token by inverse CDF and records its log-prob; `generate` runs greedy
    on its pick.
+4. Greedy calls decode each distinct prompt once: greedy decoding is a function of the prompt, and
+   the frozen modules of a group see many equal prompts (same question, same tool, same sub-goal).
 
 Where a piece cannot apply (a sliding-window or other non-plain cache, a single row) it falls back to
 the plain batch and Hugging Face's cache. Greedy decoding gives the plain engine's tokens and
@@ -20,11 +22,13 @@ log-probs; sampling gives the same distribution from another random stream (test
 Test: python -m pytest -q tests/test_engine.py
 """
 
+import dataclasses
+
 import torch
 from transformers import LogitsProcessorList, StoppingCriteriaList
 
-from engine import left_pad, sampling_config
-from speedups.prefill import decode_cache, prefill
+from engine import HFEngine, left_pad, sampling_config
+from speedups.prefill import CACHE, decode_cache, prefill
 from speedups.sampler import Sample
 
 
@@ -44,8 +48,26 @@ def sample(model, prompts, pad, eos, max_new_tokens, temperature, top_p, stopper
     # again for every new batch shape; rollout shapes change at every call.
     config.disable_compile = True
     out = model.generate(
-        input_ids=input_ids.to(device), attention_mask=attention.to(device), cache=cache, generation_config=config,
+        input_ids=input_ids.to(device), attention_mask=attention.to(device), **{CACHE: cache}, generation_config=config,
         logits_processor=LogitsProcessorList([*first, sampler]), stopping_criteria=StoppingCriteriaList([stopper]),
     )
     logprobs = sampler.logprobs()
     return out[:, input_ids.shape[1]:].cpu(), None if logprobs is None else logprobs.cpu()
+
+
+class FastEngine(HFEngine):
+    """engine.HFEngine with the speed-ups: the same interface and results (tests/test_engine.py)."""
+
+    def generate_batched(self, prompts, max_new_tokens, temperature, top_p, stop, choices, choice_temperature):
+        """Greedy: each distinct prompt decoded once, its completion copied to the prompts equal to it
+        (a group's samples that chose the same tool send the executor and the generator the same prompt)."""
+        distinct = list(dict.fromkeys(map(tuple, prompts)))
+        if temperature > 0 or len(distinct) == len(prompts):
+            return super().generate_batched(prompts, max_new_tokens, temperature, top_p, stop, choices, choice_temperature)
+        done = dict(zip(distinct, super().generate_batched([list(p) for p in distinct], max_new_tokens, temperature,
+                                                           top_p, stop, choices, choice_temperature)))
+        return [dataclasses.replace(done[tuple(p)], prompt_ids=list(p), response_ids=list(done[tuple(p)].response_ids),
+                                    logprobs=list(done[tuple(p)].logprobs)) for p in prompts]
+
+    def sample(self, prompts, pad, eos, max_new_tokens, temperature, top_p, stopper, first=()):
+        return sample(self.model, prompts, pad, eos, max_new_tokens, temperature, top_p, stopper, first)

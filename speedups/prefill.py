@@ -36,8 +36,14 @@ Test: python -m pytest -q tests/test_engine.py
 import torch
 from transformers import DynamicCache, StaticCache
 from transformers.cache_utils import DynamicLayer
+from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from engine import left_pad
+
+# The model's KV-cache keyword and output field: `cache` in transformers 5.24, `past_key_values` in 5.17
+# (which a GPU machine may have preinstalled). 5.24 still takes the old name, but warns, so the
+# speed-ups pass and read the cache under the installed version's own name.
+CACHE = "cache" if "cache" in CausalLMOutputWithPast.__dataclass_fields__ else "past_key_values"
 
 
 def common_prefix(a, b) -> int:
@@ -151,8 +157,9 @@ def _run(model, ids, mask, start, past=None):
     positions = (start[:, None] + mask.cumsum(-1) - 1).clamp(min=0)
     full_mask = mask if past is None else torch.cat([past[1], mask], 1)
     out = model(input_ids=ids, attention_mask=full_mask, position_ids=positions, logits_to_keep=1, use_cache=True,
-                cache=None if past is None else past[0])
-    return [layer.keys for layer in out.cache.layers], [layer.values for layer in out.cache.layers]
+                **{CACHE: None if past is None else past[0]})
+    layers = getattr(out, CACHE).layers
+    return [layer.keys for layer in layers], [layer.values for layer in layers]
 
 
 @torch.inference_mode()

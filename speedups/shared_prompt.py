@@ -1,32 +1,30 @@
-"""The update computes a prompt PREFIX shared by several rows once.
+"""The update computes a prompt PREFIX shared by several rows once: train.py's micro_batches and
+forward, as drop-ins with the same contract.
 
 Rows of an update often begin with the same tokens: the G rows of a question's first turn have the
-very same prompt s_1; rows that differ only near the end of the prompt (a tool list shown in another
-order in its last line, a later turn's memory after the same question) share everything before it;
-and every planner prompt starts with the same system line and tool list. In a left-padded micro-batch
-those tokens are computed once per row. Here the longest prefix common to a chunk of rows runs once,
-its KV cache is expanded (a view, no copy) to the rows, and each row's own tokens (the rest of its
-prompt, then its response) run on top of it. The gradient still flows into the prefix's computation
-through the cache and adds up over the rows: the loss, its gradient and every log-prob equal the
-left-padded layout's up to float rounding (tests/test_update.py).
+very same prompt s_1; rows that differ only near the end of the prompt (a later turn's memory after
+the same question) share everything before it; and every planner prompt starts with the same system
+line and tool list. In a left-padded micro-batch those tokens are computed once per row. Here
+`micro_batches` puts rows with a long common prefix together, and `forward` runs that prefix once,
+expands its KV cache (a view, no copy) to the rows, and runs each row's own tokens (the rest of its
+prompt, then its response) on top of it:
 
-    row b:   [ shared prefix (P) | own prompt tail (S_b) | response (n_b) | right padding ]
-    loss mask:        -                     0                  1                 0
+    row b:   [ shared prefix (P) | own prompt tail | response (n_b) | right padding ]     (B, P + T)
 
-train.py's micro_batches(turns, size, share_prompts=True) hands rows here; they come back as the same
-batch dict that train.collate makes, except that the response-side tensors are laid out as above (row
-b's response at its own offset, `batch["start"][b]`, which train.row_values reads).
-It cannot apply, and train.py keeps the plain rows, where:
-- several processes train (DDP and FSDP need one forward per backward; this makes two);
-- gradient checkpointing is on (transformers then turns the KV cache off, and there is none to share).
+It takes train.collate's left-padded batch and returns the logits in that batch's layout, (B, R, V),
+so everything after it (the log-probs, the loss, the masks) is the plain path's. The gradient still
+flows into the prefix's computation through the cache and adds up over the rows: the loss, its
+gradient and every log-prob equal the plain forward's up to float rounding (tests/test_update.py).
+It runs the plain forward instead where nothing is worth sharing (under MIN_SHARED tokens) and under
+gradient checkpointing in training (transformers then turns the KV cache off); train.py uses it with
+one process only (DDP and FSDP need one forward per backward; this makes two).
 
 Test: python -m pytest -q tests/test_update.py
 """
 
 import torch
 
-from flow_grpo import first_token_fields
-from speedups.prefill import common_prefix
+from speedups.prefill import CACHE, common_prefix
 
 # A chunk shares its prefix only when the prefix is at least this many tokens: below that, the second
 # forward call and the right padding of the rows' tails cost more than the tokens saved.
@@ -58,63 +56,53 @@ def group_by_prefix(turns, size: int):
     return shared, rest
 
 
-def collate(turns, device) -> dict:
-    """Rows that share a prefix: the prefix once; each row's prompt tail and response after it, right-padded.
-
-    The tails are the model's input (`tail`, (B, T)). The loss-side tensors (targets, mask, old_logp,
-    ref_logp, (B, R)) start at the first tail position that any row's response occupies (`lo`), so that
-    no logit is computed for a tail position that only predicts prompt tokens; row b's response is at
-    [start_b, start_b + n_b) of them."""
-    P = len(turns[0].prompt_ids)
-    for t in turns[1:]:
-        P = min(P, common_prefix(turns[0].prompt_ids, t.prompt_ids))
-    tails = [t.prompt_ids[P:] + t.response_ids for t in turns]
-    B, T = len(turns), max(len(x) for x in tails)
-    lo = min(len(t.prompt_ids) - P for t in turns)
-    tail = torch.zeros((B, T), dtype=torch.long)
-    attention = torch.zeros((B, T), dtype=torch.long)
-    mask, old, ref = torch.zeros((B, T - lo)), torch.zeros((B, T - lo)), torch.zeros((B, T - lo))
-    start = []
-    for b, (t, ids) in enumerate(zip(turns, tails)):
-        s, n = len(t.prompt_ids) - P - lo, len(t.response_ids)
-        tail[b, :len(ids)] = torch.tensor(ids)
-        attention[b, :len(ids)] = 1
-        mask[b, s:s + n] = 1
-        old[b, s:s + n] = torch.tensor(t.logprobs)
-        if t.ref_logp is not None:
-            ref[b, s:s + n] = torch.tensor(t.ref_logp)
-        start.append(s)
-    batch = dict(prompt=torch.tensor([turns[0].prompt_ids[:P]]), tail=tail, tail_attention=attention,
-                 targets=tail[:, lo:], mask=mask, old_logp=old, ref_logp=ref, start=torch.tensor(start),
-                 advantages=torch.tensor([t.advantage for t in turns], dtype=torch.float32),  # (B,)
-                 turns=torch.tensor([float(t.traj_turns) for t in turns]), shared=True,
-                 **first_token_fields([t.first_choices for t in turns], start))  # (1, P), (B, T) x2, (B, R) x4, (B,) x3
-    return {k: v.to(device) if torch.is_tensor(v) else v for k, v in batch.items()}
+def micro_batches(turns, size: int) -> list[list]:
+    """train.micro_batches' contract: the chunks that share a prefix, then the other rows sorted by length."""
+    shared, rest = group_by_prefix(turns, size)
+    rest = sorted(rest, key=lambda t: len(t.prompt_ids) + len(t.response_ids))
+    return shared + [rest[i:i + size] for i in range(0, len(rest), size)]
 
 
-def response_logits(model, batch):
-    """(B, R, V) logits predicting batch["targets"] for B rows after ONE shared prefix: the prefix
-    pass, then the tails on its cache, the language-model head (a 49k vocabulary) only where needed."""
-    B, T = batch["tail"].shape
-    R = batch["targets"].shape[1]
-    P = batch["prompt"].shape[1]
-    first = model(input_ids=batch["prompt"], use_cache=True, logits_to_keep=1)  # the last prefix logit predicts tail token 0
-    cache = first.cache
-    for layer in cache.layers:  # (1, heads, P, d) -> (B, heads, P, d), a view: no copy, gradients add up
+def forward(model, batch):
+    """train.forward's contract: logits (B, R, V) predicting batch["targets"] of train.collate's batch."""
+    ids, attention, R = batch["input_ids"], batch["attention_mask"], batch["mask"].shape[1]
+    B, L = ids.shape
+    lengths = attention.sum(-1).tolist()  # (B,) real tokens of each row
+    prompts = [n - int(m) for n, m in zip(lengths, batch["mask"].sum(-1).tolist())]  # (B,) |s_t|
+    rows = [ids[b, L - lengths[b]:].tolist() for b in range(B)]
+    P = min(prompts + [common_prefix(rows[0], r) for r in rows[1:]])  # shared by every row, and prompt only
+    if B < 2 or P < MIN_SHARED or (model.training and _checkpointing(model)):
+        out = model(input_ids=ids, attention_mask=attention, position_ids=batch["position_ids"],
+                    logits_to_keep=R + 1, use_cache=False)
+        return out.logits[:, :-1]
+    # 1. The prefix once, (1, P); its cache expanded to the B rows, (B, heads, P, d): a view, no copy,
+    #    so the gradients of the B rows add up in the prefix's computation.
+    first = model(input_ids=ids[:1, L - lengths[0]:L - lengths[0] + P], use_cache=True, logits_to_keep=1)
+    cache = getattr(first, CACHE)  # prefill.CACHE: the field is past_key_values in transformers 5.17
+    for layer in cache.layers:
         layer.keys = layer.keys.expand(B, -1, -1, -1)
         layer.values = layer.values.expand(B, -1, -1, -1)
-    device = batch["tail"].device
-    attention = torch.cat([torch.ones((B, P), dtype=torch.long, device=device), batch["tail_attention"]], dim=1)
-    positions = (P + torch.arange(T, device=device)).expand(B, T)
-    # targets = tail[:, T - R:] and tail position j predicts tail token j + 1: keep positions T - R - 1 ..
-    # T - 2. When T == R some row's response starts right after the prefix, and the prefix pass's last
-    # logit predicts its first token.
-    rest = model(input_ids=batch["tail"], attention_mask=attention, position_ids=positions, cache=cache,
-                 use_cache=False, logits_to_keep=min(R + 1, T))
-    logits = rest.logits[:, :-1]
-    return torch.cat([first.logits[:, -1:].expand(B, -1, -1), logits], dim=1) if R == T else logits
+    # 2. Each row's own tokens after the prefix, right-padded: (B, T). Tail position j predicts tail
+    #    token j + 1; the language-model head (a 49k vocabulary) runs from the position that predicts
+    #    the first response token of any row (lo) on, and the prefix's last logit predicts tail token 0.
+    T, lo = max(lengths) - P, min(prompts) - P
+    tail, tail_attention = ids.new_zeros((B, T)), attention.new_zeros((B, T))
+    for b in range(B):
+        tail[b, :lengths[b] - P] = ids[b, L - lengths[b] + P:]
+        tail_attention[b, :lengths[b] - P] = 1
+    rest = model(input_ids=tail, attention_mask=torch.cat([attention.new_ones((B, P)), tail_attention], 1),
+                 position_ids=(P + torch.arange(T, device=ids.device)).expand(B, T), **{CACHE: cache},
+                 use_cache=False, logits_to_keep=T - max(lo - 1, 0)).logits
+    pred = torch.cat([first.logits[:, -1:].expand(B, -1, -1), rest], 1) if lo == 0 else rest  # pred[:, i] predicts tail token lo + i
+    # 3. Back to the batch's layout: position r of row b's (R,) window holds its real token
+    #    lengths[b] - R + r, tail token lengths[b] - R + r - P. A window position before the row's
+    #    response takes a neighbouring logit, which the loss mask leaves out.
+    index = torch.tensor(lengths, device=ids.device)[:, None] - R - P - lo + torch.arange(R, device=ids.device)  # (B, R)
+    index = index.clamp(0, pred.shape[1] - 1)
+    return pred.gather(1, index[..., None].expand(-1, -1, pred.shape[-1]))  # (B, R, V)
 
 
-def tokens_computed(batch) -> int:
-    """Real tokens a forward over this batch computes: the prefix once, then every row's own tokens."""
-    return batch["prompt"].shape[1] + int(batch["tail_attention"].sum())
+def _checkpointing(model) -> bool:
+    """Gradient checkpointing on? (transformers 5.24 names it is_activation_checkpointing, 5.17 the older name.)"""
+    name = next((n for n in ("is_activation_checkpointing", "is_gradient_checkpointing") if hasattr(type(model), n)), "")
+    return bool(getattr(model, name)) if name else False

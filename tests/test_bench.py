@@ -15,7 +15,8 @@ from conftest import ROOT
 
 REQUIRED = ("rollout_vs_generate", "rollout_batched_speedup", "update_vs_plain", "pad_fraction", "peak_rss_gb",
             "matmul_gflops", "update_gflops", "model_copies", "rollout_tok_s", "replay_tok_s", "one_by_one_s",
-            "batched_s", "update_tok_s", "plain_tok_s", "update_s", "plain_s", "rollout_fast_prefill_speedup")
+            "batched_s", "update_tok_s", "plain_tok_s", "update_s", "plain_s", "rollout_fast_prefill_speedup",
+            "search_vs_generate", "search_query_s", "generate_call_s")
 TINY = ["--group-size", "3", "--max-turns", "1", "--analysis-tokens", "0", "--planner-tokens", "6",
         "--executor-tokens", "6", "--verifier-tokens", "3", "--generator-tokens", "3", "--data", "arithmetic",
         "--threads", "1"]
@@ -39,7 +40,7 @@ def test_bench_writes_every_figure_as_a_finite_number(tiny_model_dir, tmp_path):
     assert set(result["met"]) == set(result["targets"])
     # The table names every figure with its value and whether it met the target.
     for key in ("rollout_vs_generate", "rollout_batched_speedup", "update_vs_plain", "pad_fraction",
-                "peak_rss_gb", "matmul_gflops", "update_gflops"):
+                "search_vs_generate", "peak_rss_gb", "matmul_gflops", "update_gflops"):
         assert key in proc.stdout
     assert "met?" in proc.stdout
 

@@ -9,9 +9,9 @@ import pytest
 
 from conftest import ROOT
 
-SCRIPTS = [["train.py"], ["evaluate.py"], ["rollout.py"], ["demo.py"], ["bench.py"], ["tools.py"], ["engine.py"],
+SCRIPTS = [["train.py"], ["evaluate.py"], ["rollout.py"], ["demo.py"], ["bench.py"], ["tools.py"],
            ["-m", "environment.tasks"], ["-m", "environment.corpus"], ["-m", "environment.search"],
-           ["-m", "environment.sandbox"], ["-m", "environment.facts"], ["-m", "bookkeeping.tool_choice"], ["-m", "scaleout.remote_engine"], ["scripts/gpu_check.py"],
+           ["-m", "environment.sandbox"], ["-m", "environment.facts"], ["-m", "bookkeeping.tool_choice"], ["-m", "bookkeeping.reading_path"], ["-m", "scaleout.remote_engine"], ["scripts/gpu_check.py"],
            # the same scripts run by path, as their docstrings also allow (the repository root goes on sys.path)
            ["environment/tasks.py"], ["environment/search.py"], ["environment/sandbox.py"], ["environment/facts.py"],
            ["environment/corpus.py"], ["bookkeeping/tool_choice.py"], ["scaleout/remote_engine.py"]]

@@ -11,6 +11,7 @@ import torch
 import modules
 from engine import HFEngine, encode_chat
 from speedups import generate as fast
+from speedups.generate import FastEngine
 from speedups.prefill import buckets, plan_prefix_sharing, prefill
 from memory import Memory
 from tools import OFFLINE_TOOLS
@@ -46,7 +47,7 @@ def test_plan_shares_each_group_prefix_once_and_leaves_every_row_a_token():
 
 def test_shared_prefix_generation_equals_the_left_padded_batch(tokenizer, monkeypatch):
     model = make_tiny_model(len(tokenizer))
-    shared = HFEngine(model, tokenizer, speedups=True)
+    shared = FastEngine(model, tokenizer)
     chats = group_chats()
     prompts = [shared.encode(c, modules.PLANNER_PREFIX) for c in chats]
     assert plan_prefix_sharing(prompts) is not None, "the test must exercise the shared path"
@@ -69,7 +70,7 @@ def test_recorded_logprobs_are_the_policy_logprobs(tokenizer, speedups):
     sets top_k, top_p and a repetition penalty)."""
     model = make_tiny_model(len(tokenizer))
     model.generation_config.top_k, model.generation_config.repetition_penalty = 5, 1.5
-    engine = HFEngine(model, tokenizer, speedups=speedups)
+    engine = (FastEngine if speedups else HFEngine)(model, tokenizer)
     chat = modules.planner_prompt("What is 4821 * 37?", "", OFFLINE_TOOLS, Memory(), 600)
     torch.manual_seed(1)
     gens = engine.generate([chat] * 4, max_new_tokens=10, temperature=0.7, prefix=modules.PLANNER_PREFIX)
@@ -93,7 +94,7 @@ def test_preallocated_decode_cache_generates_what_the_default_cache_does(tokeniz
         monkeypatch.setattr(fast, "prefill", lambda *args, **kwargs: None)  # the plain prefill either way
         if use_default:
             monkeypatch.setattr(fast, "decode_cache", lambda *args, **kwargs: None)
-        plain = HFEngine(model, tokenizer, speedups=True)
+        plain = FastEngine(model, tokenizer)
         torch.manual_seed(0)
         runs.append(plain.generate(chats, max_new_tokens=12, temperature=0.7))
     for x, y in zip(*runs):
@@ -112,7 +113,7 @@ def test_buckets_bound_the_padding_of_every_bucket():
 
 def plain_and_fast(model, tokenizer, chats):
     """Greedy generations of the plain engine and of the fast one (speedups/), on the same model."""
-    engines = HFEngine(model, tokenizer), HFEngine(model, tokenizer, speedups=True)
+    engines = HFEngine(model, tokenizer), FastEngine(model, tokenizer)
     return [e.generate(chats, max_new_tokens=8, temperature=0.0, prefix=modules.PLANNER_PREFIX) for e in engines]
 
 
@@ -121,7 +122,7 @@ def test_greedy_decodes_each_distinct_prompt_once_and_returns_what_the_plain_bat
     row gets its own completion: the plain batch's tokens, log-probs and text, in its own lists."""
     model = make_tiny_model(len(tokenizer))
     chats = group_chats()  # 7 chats, 5 distinct
-    plain, shared = HFEngine(model, tokenizer), HFEngine(model, tokenizer, speedups=True)
+    plain, shared = HFEngine(model, tokenizer), FastEngine(model, tokenizer)
     a, b = plain_and_fast_engines(plain, shared, chats)
     assert [g.response_ids for g in a] == [g.response_ids for g in b] and [g.text for g in a] == [g.text for g in b]
     for x, y in zip(a, b):
@@ -197,7 +198,7 @@ def test_tool_choice_draws_the_first_token_among_the_tools_at_its_own_temperatur
     from rollout import tool_choice_tokens
 
     model = make_tiny_model(len(tokenizer))
-    engine = HFEngine(model, tokenizer, speedups=speedups)
+    engine = (FastEngine if speedups else HFEngine)(model, tokenizer)
     choices = tool_choice_tokens(tokenizer, OFFLINE_TOOLS)
     chat = modules.planner_prompt("What is 4821 * 37?", "", OFFLINE_TOOLS, Memory(), 600)
     torch.manual_seed(3)
@@ -229,3 +230,23 @@ def test_tool_choice_refuses_tools_whose_names_begin_with_the_same_token(tokeniz
 
     with pytest.raises(ValueError, match="begin with the same token.*--tool-temperature 0"):
         tool_choice_tokens(SameStart(), ("Python_Coder", "Fact_Lookup"))
+
+
+def test_speed_ups_are_chosen_where_they_apply_and_the_flag_forces_them(tokenizer, monkeypatch):
+    """speedups.choose: on for one process, a plain KV cache and the tested transformers; off, with the
+    reason, for several processes, another cache or another transformers; --speedups/--no-speedups win."""
+    import speedups
+
+    model = make_tiny_model(len(tokenizer))
+    assert speedups.choose(None, model, 1)[0]
+    on, line = speedups.choose(None, model, 2)
+    assert not on and "several processes" in line
+    assert speedups.choose(True, model, 2)[0] and not speedups.choose(False, model, 1)[0]
+    monkeypatch.setattr(speedups.transformers, "__version__", "9.9.9")
+    on, line = speedups.choose(None, model, 1)
+    assert not on and "9.9.9" in line
+    monkeypatch.undo()
+    monkeypatch.setattr(speedups, "plain_layers", lambda model: False)
+    on, line = speedups.choose(None, model, 1)
+    assert not on and "KV cache" in line
+    assert type(speedups.engine(model, tokenizer, on)) is HFEngine and isinstance(speedups.engine(model, tokenizer, True), FastEngine)

@@ -68,10 +68,10 @@ def train_params(run, step):
 
 # ---- FSDP on two CPU processes ------------------------------------------------------------------
 
-def fsdp_driver(args):
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29541",
+def fsdp_driver(args, env=(), port=29541):
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(port),
            "tests/fsdp_driver.py", *args]
-    res = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300, env=ENV)
+    res = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300, env={**ENV, **dict(env)})
     assert res.returncode == 0, res.stderr[-4000:]
 
 
@@ -101,6 +101,31 @@ def test_fsdp_step_on_two_processes_with_different_trajectories_keeps_identical_
     fsdp_driver(["--resume", str(out), "--steps", "3"])
     assert [m["step"] for m in metrics(out)] == [0, 1, 2, 3]
     assert (out / "params-rank0.sha256").read_text() == (out / "params-rank1.sha256").read_text() != digest
+
+
+def test_fsdp_in_bf16_keeps_the_rotary_buffers_fp32_and_every_rank_loads_the_frozen_copy_whole(tiny_model_dir, tmp_path):
+    """configs/accelerate_8gpu_fsdp.yaml's settings: Accelerate's bf16 MixedPrecision policy (buffer_dtype
+    bf16) and fsdp_cpu_ram_efficient_loading, with transformers 5.17's loading off rank 0 (zeros)."""
+    from transformers import AutoModelForCausalLM
+
+    from fsdp_driver import rotary_buffers, state_digest
+
+    out = tmp_path / "fsdp-bf16"
+    launcher = {"ACCELERATE_MIXED_PRECISION": "bf16", "ACCELERATE_USE_FSDP": "true",
+                "FSDP_CPU_RAM_EFFICIENT_LOADING": "true"}
+    fsdp_driver([*TINY, "--model", str(tiny_model_dir), "--out", str(out), "--steps", "1", "--questions-per-step", "2",
+                 "--mini-batch-questions", "2", "--micro-batch-rows", "2", "--old-logprobs", "recompute"],
+                env=launcher, port=29543)
+    assert metrics(out)[-1]["mixed_precision"] == "bf16"
+    ranks = [json.loads((out / f"loads-rank{r}.json").read_text()) for r in (0, 1)]
+    # After a step under FSDP, the policy's rotary frequencies are still the fp32 ones it was built
+    # with (bf16 would be off by up to 0.4%), on both ranks.
+    built = [list(b) for b in rotary_buffers(AutoModelForCausalLM.from_pretrained(tiny_model_dir)).values()]
+    for rank in ranks:
+        assert list(rank["policy_buffers"].values()) == built  # [dtype, values] per buffer
+    # The frozen copy (the second model loaded) holds the checkpoint on rank 1 too, not zeros.
+    frozen = state_digest(AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.bfloat16))
+    assert [rank["loads"][1]["digest"] for rank in ranks] == [frozen, frozen]
 
 
 # ---- the launcher's precision -------------------------------------------------------------------
@@ -179,4 +204,4 @@ def test_gpu_check_refuses_without_cuda_and_its_checks_pass_in_cpu_mode(tmp_path
                          capture_output=True, text=True, timeout=600, env=ENV)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-2000:]
     passed = [line for line in res.stdout.splitlines() if line.startswith("PASS")]
-    assert len(passed) == 6 and "all 6 checks passed" in res.stdout
+    assert len(passed) == 8 and "all 8 checks passed" in res.stdout

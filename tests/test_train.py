@@ -50,44 +50,80 @@ def tool_probabilities(model, tokenizer, query):
     return probs
 
 
-def test_flow_grpo_raises_the_rewarded_tool_from_chance_to_above_0_9(tokenizer, tmp_path):
-    # 1. A tiny model that first learns the action format with no preference among the tools
-    #    (supervised, one row per tool): the "untrained planner" picks each tool about 1/3 of the time.
-    #    The tool names are several tokens (" Local", "_", "Search"); telling the continuations apart
-    #    after "_" needs attention to the previous token, which a random model learns quickly on a
-    #    short context and slowly on the ~280-token planner prompt, so it starts on the short one.
-    model = make_tiny_model(len(tokenizer), seed=1).train()
+def at_chance(probs) -> bool:
+    """Every tool is a fair choice of the untrained planner: none below 1 in 20, none above 0.6."""
+    return all(0.05 < p < 0.6 for p in probs.values())
+
+
+def warm_up(model, tokenizer, query, max_steps=800):
+    """Supervised steps (one row per tool) until the planner writes each tool name by chance
+    (at_chance on `query`, a question it is not trained on), checked every 10 steps after the first
+    200; the probabilities, or an AssertionError after max_steps that says where they stopped.
+
+    The tool names are several tokens (" Local", "_", "Search"): the first 150 steps use a short
+    context (the "Tool Name:" prefix alone), where the first token is learned quickly, then the real
+    ~280-token planner prompts. Where the probabilities stand after a fixed number of steps depends on
+    the CPU's floating-point path (260 steps left Local_Search at 0.09 on one Xeon, 0.11 here), so the
+    warm-up runs until the precondition holds instead of for a fixed count.
+    """
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
     prompts = [encode_chat(tokenizer, modules.planner_prompt(q, "", TOOLS, Memory()), modules.PLANNER_PREFIX)
                for q in ("What is 12 * 7?", "What is 4821 / 3?", "Who founded Quorvex?", "What is (5 + 9) * 13?")]
+    short = tokenizer.encode(modules.PLANNER_PREFIX, add_special_tokens=False)
     targets = [tokenizer.encode(" " + t, add_special_tokens=False) for t in TOOLS]
     R = max(len(t) for t in targets)
-    labels = torch.tensor([t + [-100] * (R - len(t)) for t in targets])
-    for i in range(260):
-        context = tokenizer.encode(modules.PLANNER_PREFIX, add_special_tokens=False) if i < 150 else prompts[i % 4]
-        ids = torch.tensor([context + t + [tokenizer.eos_token_id] * (R - len(t)) for t in targets])
-        logits = model(ids, logits_to_keep=R + 1).logits[:, :-1]
+    labels = torch.tensor([t + [-100] * (R - len(t)) for t in targets])  # (3, R)
+    probs = {}
+    for i in range(1, max_steps + 1):
+        context = short if i <= 150 else prompts[i % 4]
+        ids = torch.tensor([context + t + [tokenizer.eos_token_id] * (R - len(t)) for t in targets])  # (3, P + R)
+        logits = model(ids, logits_to_keep=R + 1).logits[:, :-1]  # (3, R, V)
         loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1), reduction="sum")
         opt.zero_grad()
         loss.backward()
         opt.step()
+        if i >= 200 and i % 10 == 0:
+            model.eval()
+            probs = tool_probabilities(model, tokenizer, query)
+            model.train()
+            if at_chance(probs):
+                return probs
+    raise AssertionError(f"the supervised warm-up did not bring every tool to chance in {max_steps} steps "
+                         f"(each in (0.05, 0.6) on {query!r}): {probs}")
+
+
+def test_flow_grpo_raises_the_rewarded_tool_from_chance_to_above_0_9(tokenizer, tmp_path):
+    # 1. A tiny model that first learns the action format with no preference among the tools
+    #    (supervised, one row per tool): the "untrained planner" writes each tool name by chance.
+    query = "What is 355 * 18?"
+    model = make_tiny_model(len(tokenizer), seed=1).train()
+    before = warm_up(model, tokenizer, query)
     model.eval()
-    before = tool_probabilities(model, tokenizer, "What is 355 * 18?")
-    assert all(0.1 < p < 0.6 for p in before.values()), before
     start = tmp_path / "warm"
     model.save_pretrained(start)
     tokenizer.save_pretrained(start)
 
-    # 2. Flow-GRPO with a reward that pays when the planner picks Local_Search.
-    cfg, _ = train.parse_args(TINY + ["--model", str(start), "--out", str(tmp_path / "run"), "--group-size", "8",
+    # 2. Flow-GRPO with a reward that pays when the planner picks Local_Search: 25 steps, and if the
+    #    probability is not yet above 0.9 (how fast it rises also follows the floating-point path),
+    #    up to 25 more by --resume. The planner sees the warm-up's tool list.
+    reward = lambda tr: float(tr.turns[0].tool == "Local_Search")  # noqa: E731
+    run = tmp_path / "run"
+    cfg, _ = train.parse_args(TINY + ["--model", str(start), "--out", str(run), "--group-size", "8", "--tools", ",".join(TOOLS),
                                        "--max-turns", "1", "--steps", "25", "--lr", "2e-3", "--kl-coef", "0",
-                                       "--checkpoint-every", "100"])
-    train.train(cfg, reward_fn=lambda tr: float(tr.turns[0].tool == "Local_Search"))
-    trained = type(model).from_pretrained(tmp_path / "run" / "checkpoints" / "step-000025" / "planner").eval()
-    after = tool_probabilities(trained, tokenizer, "What is 355 * 18?")
-    assert after["Local_Search"] >= 0.9, (before, after)
-    lines = [json.loads(l) for l in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
-    assert [m["step"] for m in lines] == list(range(1, 26))
+                                       "--checkpoint-every", "25"])
+    train.train(cfg, reward_fn=reward)
+    steps, after = 25, {}
+    while True:
+        trained = type(model).from_pretrained(run / "checkpoints" / f"step-{steps:06d}" / "planner").eval()
+        after = tool_probabilities(trained, tokenizer, query)
+        if after["Local_Search"] >= 0.9 or steps >= 50:
+            break
+        steps += 25
+        cfg, _ = train.parse_args(["--resume", str(run), "--steps", str(steps)])
+        train.train(cfg, reward_fn=reward)
+    assert after["Local_Search"] >= 0.9, f"after {steps} steps of Flow-GRPO: {after} (before: {before})"
+    lines = [json.loads(l) for l in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in lines] == list(range(1, steps + 1))
     assert lines[-1]["reward_mean"] > lines[0]["reward_mean"]
 
 
@@ -107,33 +143,6 @@ def test_filter_groups_trains_only_the_groups_whose_rewards_differ(tiny_model_di
     train.train(cfg, reward_fn=lambda tr: float(seen.append(tr) or len(seen) % 2 == 1))
     m = json.loads((tmp_path / "spread" / "metrics.jsonl").read_text())
     assert m["frac_reward_zero_std"] == 0.0 and m["optimizer_steps"] >= 1 and m["update_tok_s"] > 0
-
-
-# ---- exploring the tool order ------------------------------------------------------------------
-
-def test_tool_orders_put_every_tool_first_for_an_equal_share_of_the_group():
-    tools = ("Python_Coder", "Fact_Lookup", "Local_Search")
-    orders = train.tool_orders(tools, 6, rotate=True)
-    assert [o[0] for o in orders] == list(tools) * 2
-    assert all(sorted(o) == sorted(tools) for o in orders)  # a rotation: the same tools, none lost
-    assert orders[1] == ("Fact_Lookup", "Local_Search", "Python_Coder")
-    assert train.tool_orders(tools, 6, rotate=False) == [tools] * 6
-
-
-def test_rotate_tools_shows_each_trajectory_its_order_and_trains_on_that_prompt(tiny_model_dir, tmp_path, tokenizer):
-    # Each trajectory's planner prompt lists the tools in its own order; the Turn that reaches the
-    # loss holds exactly that prompt (on-policy), so the G rows of a question have k distinct prompts.
-    seen = []
-    cfg, _ = train.parse_args(TINY + ["--model", str(tiny_model_dir), "--out", str(tmp_path / "run"), "--steps", "1",
-                                       "--group-size", "3", "--max-turns", "1", "--rotate-tools",
-                                       "--tools", "Python_Coder,Local_Search,Base_Generator", "--checkpoint-every", "1"])
-    train.train(cfg, reward_fn=lambda tr: float(seen.append(tr) or len(seen) % 2))
-    assert [tr.tools for tr in seen] == train.tool_orders(cfg.tool_names(), 3, rotate=True) * 2
-    for tr in seen:
-        prompt = tokenizer.decode(tr.turns[0].prompt_ids)
-        listed = [line.split(":")[0][2:] for line in prompt.split("Tools:\n")[1].split("\n\n")[0].splitlines()]
-        assert tuple(listed) == tr.tools
-    assert len({tuple(tr.turns[0].prompt_ids) for tr in seen[:3]}) == 3
 
 
 def test_kinds_give_every_step_as_many_questions_of_each_kind_and_walk_through_each_kind():

@@ -1,5 +1,6 @@
-"""The update's two layouts give the same numbers: rows that share a prompt (computed once, its KV cache
-shared: speedups/shared_prompt.py) and left-padded rows (the plain path in train.py).
+"""The update's two paths give the same numbers: rows whose shared prompt prefix is computed once, its
+KV cache shared (speedups/shared_prompt.py: micro_batches and forward), and the plain left-padded rows
+(train.micro_batches and train.forward).
 
 Run: python -m pytest -q tests/test_update.py
 """
@@ -12,6 +13,7 @@ from accelerate import Accelerator
 
 import train
 from conftest import make_tiny_model
+from speedups import shared_prompt
 from flow_grpo import token_logprobs
 from rollout import Turn
 
@@ -47,23 +49,34 @@ def _rows():
     return rows
 
 
+SHARED = train.RowPath(shared_prompt.micro_batches, shared_prompt.forward)
+
+
+def count_tokens(model) -> list:
+    """Every forward's input tokens, appended to the returned list (a forward pre-hook)."""
+    seen = []
+    model.register_forward_pre_hook(lambda m, args, kwargs: seen.append(kwargs["input_ids"].numel()), with_kwargs=True)
+    return seen
+
+
 def test_shared_prompt_logprobs_equal_left_padded_logprobs():
     model = make_tiny_model(1000).eval()
     rows = _rows()
-    for chunk, shared in train.micro_batches(rows, 8, share_prompts=True):
-        for layout in (shared, False):
-            logits, batch, _ = train.forward(model, chunk, layout, 0, "cpu")
-            lp = token_logprobs(logits, batch["targets"], 0.7)
-            values = [train.row_values(lp, b, len(t.response_ids), batch) for b, t in enumerate(chunk)]
-            if layout:
-                shared_values = values
-            elif shared:
-                for a, b in zip(shared_values, values):
-                    assert torch.allclose(a, b, atol=1e-5)
-    chunks = train.micro_batches(rows, 8, share_prompts=True)
-    sizes = sorted(len(c) for c, s in chunks if s)
-    assert sizes == [2, 3, 4]  # the group with one prompt, and the two groups that share a prefix
-    assert sum(len(c) for c, _ in chunks) == len(rows)  # every row trains, once
+    chunks = shared_prompt.micro_batches(rows, 8)
+    computed, tokens = count_tokens(model), {"plain": 0, "shared": 0}
+    for chunk in chunks:
+        batch = train.collate(chunk, 0, "cpu")
+        logp = {}
+        for name, forward in (("plain", train.forward), ("shared", shared_prompt.forward)):
+            before = len(computed)
+            with torch.no_grad():
+                logp[name] = token_logprobs(forward(model, batch), batch["targets"], 0.7)  # (B, R)
+            tokens[name] += sum(computed[before:])
+        m = batch["mask"].bool()
+        assert torch.allclose(logp["plain"][m], logp["shared"][m], atol=1e-5)
+    assert sorted(len(c) for c in chunks) == [2, 2, 3, 4]  # one prompt's 4, two sharing a prefix (3, 2), the other 2
+    assert sum(len(c) for c in chunks) == len(rows)  # every row trains, once
+    assert tokens["shared"] < tokens["plain"]  # each shared prefix computed once, not once a row
 
 
 def test_rows_that_share_little_stay_plain():
@@ -73,6 +86,7 @@ def test_rows_that_share_little_stay_plain():
     b = turn(list(range(3, 10)) + list(range(100, 130)), [7], [-1.0], -1.0, 1, None)
     shared, rest = shared_prompt.group_by_prefix([a, b], 8)
     assert shared == [] and len(rest) == 2
+    assert len(shared_prompt.micro_batches([a, b], 8)) == 1  # the plain rest, in one micro-batch
 
 
 def test_an_update_with_shared_prompts_matches_one_without():
@@ -84,11 +98,13 @@ def test_an_update_with_shared_prompts_matches_one_without():
     # about lr * sign(g), which amplifies float noise on near-zero gradients).
     opt_a = torch.optim.SGD(a.parameters(), lr=1.0)
     opt_b = torch.optim.SGD(b.parameters(), lr=1.0)
-    stats_a = train.update(cfg, Accelerator(cpu=True), a, opt_a, [_rows()], 0, share_prompts=True)
-    stats_b = train.update(cfg, Accelerator(cpu=True), b, opt_b, [_rows()], 0, share_prompts=False)
+    seen_a, seen_b = count_tokens(a), count_tokens(b)
+    stats_a = train.update(cfg, Accelerator(cpu=True), a, opt_a, [_rows()], 0, SHARED)
+    stats_b = train.update(cfg, Accelerator(cpu=True), b, opt_b, [_rows()], 0, train.PLAIN)
     assert stats_a["optimizer_steps"] == stats_b["optimizer_steps"] == 1
     assert abs(stats_a["loss"] - stats_b["loss"]) < 1e-6
-    assert stats_a["tokens"] < stats_b["tokens"]  # the shared prompt is computed once, not four times
+    assert stats_a["tokens"] == stats_b["tokens"]  # the same rows' real tokens, counted alike
+    assert sum(seen_a) < sum(seen_b)  # the shared prompts are computed once, not once a row
     for (name, p), q in zip(a.named_parameters(), b.parameters()):
         assert torch.allclose(p, q, atol=1e-5), name
 
@@ -116,7 +132,7 @@ def test_training_the_top_layers_updates_them_as_a_full_update_does_and_nothing_
                                 clip_high=0.3, clip_c=0.0, kl_kind="low_var_kl", kl_coef=0.001, grad_clip=1e9, tool_temperature=0.0)
     start = make_tiny_model(1000).train()
     full = copy.deepcopy(start)
-    train.update(cfg, Accelerator(cpu=True), full, torch.optim.SGD(full.parameters(), lr=1.0), [_rows()], 0, True)
+    train.update(cfg, Accelerator(cpu=True), full, torch.optim.SGD(full.parameters(), lr=1.0), [_rows()], 0, SHARED)
     for checkpointing in (False, True):
         top = copy.deepcopy(start)
         trainable = train_top_layers(top, 1)
@@ -124,8 +140,7 @@ def test_training_the_top_layers_updates_them_as_a_full_update_does_and_nothing_
         if checkpointing:
             top.gradient_checkpointing_enable()
         top.train()
-        stats = train.update(cfg, Accelerator(cpu=True), top, torch.optim.SGD(trainable, lr=1.0), [_rows()], 0,
-                             share_prompts=not checkpointing)
+        stats = train.update(cfg, Accelerator(cpu=True), top, torch.optim.SGD(trainable, lr=1.0), [_rows()], 0, SHARED)
         assert stats["optimizer_steps"] == 1
         for (name, p), q, p0 in zip(top.named_parameters(), full.parameters(), start.parameters()):
             if name.startswith(("model.layers.1.", "model.norm.")):
@@ -169,12 +184,13 @@ def test_the_update_computes_a_restricted_tool_choice_as_the_engine_recorded_it(
         for g in engine.generate(chats, max_new_tokens=4, temperature=0.7, prefix=modules.PLANNER_PREFIX, **extra):
             rows.append(Turn(g.prompt_ids, g.response_ids, g.logprobs, g.text, "", "", "", True, False,
                              advantage=1.0, traj_turns=1, first_choices=() if free else choices))
-    checked = {True: 0, False: 0}
-    for chunk, shared in train.micro_batches(rows, 4, share_prompts=True):
-        for layout in {shared, False}:
-            logits, batch, _ = train.forward(model, chunk, layout, tokenizer.pad_token_id, "cpu")
-            lp = token_logprobs(restrict_first_token(logits, batch, 0.7, 2.0), batch["targets"], 0.7)
+    computed = count_tokens(model)
+    chunks = shared_prompt.micro_batches(rows, 4)
+    for chunk in chunks:
+        batch = train.collate(chunk, tokenizer.pad_token_id, "cpu")
+        for forward in (train.forward, shared_prompt.forward):
+            with torch.no_grad():
+                lp = token_logprobs(restrict_first_token(forward(model, batch), batch, 0.7, 2.0), batch["targets"], 0.7)
             for b, t in enumerate(chunk):
-                assert torch.allclose(train.row_values(lp, b, len(t.response_ids), batch), torch.tensor(t.logprobs), atol=1e-4)
-                checked[layout] += 1
-    assert checked[True] > 0 and checked[False] == len(rows)  # both layouts, every row
+                assert torch.allclose(lp[b, lp.shape[1] - len(t.response_ids):], torch.tensor(t.logprobs), atol=1e-4)
+    assert len(computed) > 2 * len(chunks)  # some chunk shared its prefix (two calls: the prefix, then the rows)
