@@ -1,32 +1,41 @@
-"""The CPU demo: Flow-GRPO teaches the embedded agent's planner which tool to call for which question.
+"""The CPU demo: Flow-GRPO trains the embedded agent's planner in its own loop, on 2 CPU cores.
 
-On N test questions of the planning suite (environment/planning.py: calculations, facts, and
-two-step questions that need a fact and then a calculation on it), the same questions for every row:
+Two presets (config.py): cpu-demo, one turn whose action is the tool (it learns to route: README);
+cpu-plan, two turns whose actions are a tool and a sub-goal each, Done to stop, so that a sub-goal
+must carry one step's result into the next tool call (issue 24: built and measured, not yet learned).
 
-    1. base model alone     evaluate.py --mode direct    no tools
-    2. AgentFlow            evaluate.py --mode agent     the untrained planner
-    3. fixed plans          evaluate.py --fixed-tool T   no planner: tool T every turn, the question as
-                                                         sub-goal, for every offline tool T
-                                                         (the planner chooses between the first two)
-    4. oracle router        evaluate.py --oracle         no planner: each question's right tools in order,
-                                                         the question as sub-goal (the ceiling of routing)
-    5. Flow-GRPO            train.py --preset cpu-demo   the planner trained in the live loop
-    6. AgentFlow + Flow-GRPO  evaluate.py --checkpoint   the trained planner
-    7. the table: accuracy with Wilson 95% intervals per kind of question and for all, and the trained
-       agent minus each row, paired on the same questions with a 95% interval (evaluate.py --compare);
-       the learning curve: training reward, test accuracy during training, and the baselines as lines
+On N test questions of the planning suite (environment/planning.py: calculations and facts, one step
+each, and two multi-step kinds, fact-then-sum and two-hop, whose step 2 needs what step 1 found),
+the same questions for every row:
+
+    1. base model alone      evaluate.py --mode direct       no tools
+    2. AgentFlow             evaluate.py --mode agent        the untrained planner
+    3. fixed plans           evaluate.py --fixed-tool A,B    no planner: every fixed sequence of the
+                                                             planner's tools up to max_turns, the
+                                                             question as sub-goal, then Done
+    4. oracle router         evaluate.py --oracle router     the right first tool, one turn
+    5. oracle planner        evaluate.py --oracle planner    the right tools AND hand-written sub-goals:
+                                                             the ceiling of the frozen modules and tools
+    6. Flow-GRPO             train.py --preset PRESET        the planner trained in the live loop
+    7. last-turn credit      train.py ... --credit last      the same run, the advantage given only to
+                                                             each trajectory's last turn (the ablation;
+                                                             with more than one turn only)
+    8. the trained agents    evaluate.py --checkpoint        rows 6 and 7 evaluated
+    9. the table: accuracy with Wilson 95% intervals per kind and for all, and the trained agent minus
+       each row, paired on the same questions (evaluate.py --compare); the learning curve of both runs
 
 Every step is one of the project's own commands, printed before it runs, so each row of the table can
-be reproduced alone. Rows 3 and 4 do not fit in the 30 minutes with the rest (the demo takes 17 min
-without them): `python demo.py --baselines only` runs them (about 6 minutes) into the same folder, and
-`python demo.py` then shows them.
+be reproduced alone. Rows 3-5 run with `python demo.py --baselines only` into the same folder, and
+`python demo.py` then shows them; `--ablation skip` leaves row 7 out.
 
-Run:   python demo.py --baselines only     (rows 3 and 4, the fixed plans and the oracle router)
+Run:   python demo.py --baselines only     (rows 3-5: the fixed plans and the oracles)
        python demo.py                      (writes runs/demo/: results.md, results.json, learning_curve.png)
        python demo.py --n 20 --steps 4     (a quick look)
+       python demo.py --preset cpu-plan    (the multi-step planner, with the ablation)
 """
 
 import argparse
+import itertools
 import json
 import shutil
 import subprocess
@@ -43,8 +52,14 @@ from evaluate import compare  # noqa: E402
 from config import PRESETS  # noqa: E402
 
 BASE, UNTRAINED, FIXED = "base model alone", "AgentFlow, untrained planner", "AgentFlow, fixed plan: "
-ORACLE, TRAINED = "AgentFlow, oracle router", "AgentFlow + Flow-GRPO"
-FIXED_TOOLS = ("Python_Coder", "Fact_Lookup", "Local_Search")  # the planning suite's offline tools
+ROUTER, ORACLE = "AgentFlow, oracle router (one turn)", "AgentFlow, oracle planner (hand-written sub-goals)"
+LAST, TRAINED = "AgentFlow + Flow-GRPO, last-turn credit", "AgentFlow + Flow-GRPO"
+
+
+def fixed_plans(tools, max_turns: int) -> list[tuple]:
+    """Every sequence of the planner's tools (Done left out) of 1 .. max_turns steps."""
+    steps = [t for t in tools if t != "Done"]
+    return [plan for n in range(1, max_turns + 1) for plan in itertools.product(steps, repeat=n)]
 
 
 def run(cmd, seconds: dict, name: str):
@@ -55,56 +70,70 @@ def run(cmd, seconds: dict, name: str):
     print(f"  ({seconds[name]:.0f} s)", flush=True)
 
 
-def plot(metrics_path: Path, accuracy: dict, final_step: int, path: Path):
-    """Training reward per step (and its running mean), test accuracy during training, and each
-    baseline's accuracy on all the demo's questions as a horizontal line."""
-    lines = [json.loads(line) for line in metrics_path.read_text().splitlines()]
-    steps = [m["step"] for m in lines if "reward_mean" in m]
-    reward = [m["reward_mean"] for m in lines if "reward_mean" in m]
-    window = max(1, len(reward) // 8)
-    smooth = [sum(reward[max(0, i - window + 1): i + 1]) / len(reward[max(0, i - window + 1): i + 1]) for i in range(len(reward))]
-    tests = [(m["step"], m["test_accuracy"]) for m in lines if "test_accuracy" in m]
-    fig, ax = plt.subplots(figsize=(8, 4.5))
-    ax.plot(steps, reward, color="tab:blue", alpha=0.3, label="training reward (batch mean)")
-    ax.plot(steps, smooth, color="tab:blue", label=f"training reward (running mean of {window})")
-    if tests:
-        ax.plot(*zip(*tests), "o--", color="tab:orange", label="test accuracy during training (eval_n questions)")
+def plot(runs: dict, accuracy: dict, final_step: int, path: Path):
+    """Per training run (broadcast credit, last-turn credit): the training reward per step and the
+    test accuracy during training; each baseline's accuracy on all the demo's questions as a line."""
+    fig, ax = plt.subplots(figsize=(8, 4.8))
+    for (name, metrics_path), color in zip(runs.items(), ("tab:blue", "tab:orange")):
+        lines = [json.loads(line) for line in metrics_path.read_text().splitlines()]
+        steps = [m["step"] for m in lines if "reward_mean" in m]
+        ax.plot(steps, [m["reward_mean"] for m in lines if "reward_mean" in m], color=color, alpha=0.35,
+                label=f"{name}: training reward (batch mean)")
+        tests = [(m["step"], m["test_accuracy"]) for m in lines if "test_accuracy" in m]
+        if tests:
+            ax.plot(*zip(*tests), "o--", color=color, label=f"{name}: test accuracy during training (eval_n questions)")
     fixed = {k: v for k, v in accuracy.items() if k.startswith(FIXED)}
-    styles = {BASE: ("black", ":"), UNTRAINED: ("tab:red", ":"), ORACLE: ("tab:green", "--"), TRAINED: ("tab:purple", "-")}
+    styles = {BASE: ("black", ":"), UNTRAINED: ("tab:red", ":"), ROUTER: ("tab:green", "-."), ORACLE: ("tab:green", "--")}
     if fixed:
-        best = max(fixed, key=fixed.get)
-        styles[best] = ("tab:gray", "-.")
+        styles[max(fixed, key=fixed.get)] = ("tab:gray", "-.")
     for name, (color, style) in styles.items():
         if name in accuracy:
             ax.axhline(accuracy[name], color=color, linestyle=style, linewidth=1.2,
-                       label=f"{name}: {100 * accuracy[name]:.0f}% of all demo questions" + (" (best fixed plan)" if name in fixed else ""))
+                       label=f"{name}: {100 * accuracy[name]:.0f}%" + (" (best fixed plan)" if name in fixed else ""))
     ax.set_xlabel("training step")
     ax.set_ylabel("reward / accuracy")
     ax.set_xlim(0, max(final_step, 1))
     ax.set_ylim(-0.02, 1.02)
     ax.set_title("Flow-GRPO on SmolLM2-135M-Instruct, 2 CPU cores: the planning suite")
-    ax.legend(fontsize=7, loc="upper left")
+    ax.legend(fontsize=6.5, loc="upper left")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 
 
+def trajectories_per_minute(metrics_path: Path) -> float:
+    """Training trajectories rolled out and trained on per minute of rollout + update time."""
+    lines = [json.loads(line) for line in metrics_path.read_text().splitlines()]
+    steps = [m for m in lines if "reward_mean" in m]
+    seconds = sum(m.get("rollout_s", 0) + m.get("update_s", 0) for m in steps)
+    return 60 * sum(m.get("trajectories", 0) for m in steps) / seconds if seconds else 0.0
+
+
 def main(argv=None):
-    preset = PRESETS["cpu-demo"]
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--out", default="runs/demo")
+    p.add_argument("--preset", choices=("cpu-demo", "cpu-plan"), default="cpu-demo",
+                   help="cpu-demo: one turn, the tool as the action (learns: README); cpu-plan: two turns, the tool "
+                        "and a sub-goal each, Done to stop (issue 24, not yet shown to learn)")
+    p.add_argument("--out", default="", help="output folder (default: runs/demo, or runs/demo-cpu-plan)")
     p.add_argument("--n", type=int, default=100, help="test questions of the demo's suite, the same for every row")
-    p.add_argument("--data", default=preset["data"], help="the suite (default: the preset's, planning)")
-    p.add_argument("--steps", type=int, default=preset["steps"], help="training steps")
+    p.add_argument("--data", help="the suite (default: the preset's, planning)")
+    p.add_argument("--steps", type=int, help="training steps (default: the preset's)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--model", default=preset["model"], help="the model of every row (default: the embedded one)")
+    p.add_argument("--model", help="the model of every row (default: the preset's, the embedded one)")
     p.add_argument("--baselines", choices=("skip", "only", "all"), default="skip",
-                   help="the fixed plans (one per tool) and the oracle router: skip them (the table still shows "
-                        "those already in --out), run only them (about 6 min), or run them too (over 30 min)")
+                   help="the fixed plans and the two oracles: skip them (the table still shows those already in "
+                        "--out), run only them, or run them too")
+    p.add_argument("--ablation", choices=("auto", "run", "skip"), default="auto",
+                   help="the same training run with --credit last (the advantage on each trajectory's last turn "
+                        "only); auto = run it when the preset has more than one turn")
+    pre, _ = p.parse_known_args(argv)
+    preset = PRESETS[pre.preset]
+    p.set_defaults(data=preset["data"], steps=preset["steps"], model=preset["model"])
     args = p.parse_args(argv)
-    out = Path(args.out)
+    out = Path(args.out or ("runs/demo" if args.preset == "cpu-demo" else f"runs/demo-{args.preset}"))
+    ablation = args.ablation == "run" or (args.ablation == "auto" and preset["max_turns"] > 1)
     py = sys.executable
     # The agent is evaluated with the rollout sizes it is trained with (evaluate.py --preset), planner greedy.
-    agent = ["--mode", "agent", "--preset", "cpu-demo", "--batch-size", "50"]
+    agent = ["--mode", "agent", "--preset", args.preset, "--batch-size", "50"]
     common = [py, "evaluate.py", "--data", args.data, "--n", str(args.n), "--seed", str(args.seed)]
     model = ["--model", args.model]
     seconds, rows = {}, []  # rows: (name in the plot, output folder)
@@ -115,13 +144,11 @@ def main(argv=None):
 
     t0 = time.perf_counter()
     if args.baselines != "only":
-        evaluate(BASE, "eval-direct", model + ["--mode", "direct", "--preset", "cpu-demo", "--batch-size", "50"])
+        evaluate(BASE, "eval-direct", model + ["--mode", "direct", "--preset", args.preset, "--batch-size", "50"])
         evaluate(UNTRAINED, "eval-untrained", model + agent)
-    # Every offline tool of the suite as a fixed plan, Local_Search too (the planner is offered the two
-    # that pay); the oracle with the same three.
-    every = ["--tools", ",".join(FIXED_TOOLS)]
-    baselines = [(FIXED + tool, f"eval-fixed-{tool}", every + ["--fixed-tool", tool]) for tool in FIXED_TOOLS]
-    baselines.append((ORACLE, "eval-oracle", every + ["--oracle"]))
+    baselines = [(FIXED + " then ".join(plan), "eval-fixed-" + "-".join(plan), ["--fixed-tool", ",".join(plan)])
+                 for plan in fixed_plans(preset["tools"].split(","), preset["max_turns"])]
+    baselines += [(ROUTER, "eval-oracle-router", ["--oracle", "router"]), (ORACLE, "eval-oracle-planner", ["--oracle", "planner"])]
     for name, folder, extra in baselines:
         if args.baselines != "skip":
             evaluate(name, folder, model + agent + extra)
@@ -131,24 +158,32 @@ def main(argv=None):
     if args.baselines == "only":
         print(f"baselines in {out} in {(time.perf_counter() - t0) / 60:.1f} min; now `python demo.py` shows them")
         return
-    if (out / "train").exists():  # train.py refuses to start a new run over an old one; the demo owns this folder
-        print(f"removing the previous demo's training run, {out / 'train'}", flush=True)
-        shutil.rmtree(out / "train")
-    run([py, "train.py", "--preset", "cpu-demo", "--data", args.data, "--steps", str(args.steps), "--seed", str(args.seed),
-         "--out", str(out / "train"), "--model", args.model, "--checkpoint-every", str(args.steps),
-         "--eval-n", str(min(args.n, preset["eval_n"]))], seconds, "training")
-    final = out / "train" / "checkpoints" / f"step-{args.steps:06d}"
-    evaluate(TRAINED, "eval-trained", agent + ["--checkpoint", str(final)])
+    runs = {"broadcast": (TRAINED, "train", [])}
+    if ablation:
+        runs = {"last-turn credit": (LAST, "train-last", ["--credit", "last"]), **runs}  # the trained agent stays last
+    for name, folder, extra in runs.values():
+        if (out / folder).exists():  # train.py refuses to start a new run over an old one; the demo owns this folder
+            print(f"removing the previous demo's training run, {out / folder}", flush=True)
+            shutil.rmtree(out / folder)
+        run([py, "train.py", "--preset", args.preset, "--data", args.data, "--steps", str(args.steps), "--seed", str(args.seed),
+             "--out", str(out / folder), "--model", args.model, "--checkpoint-every", str(args.steps),
+             "--eval-n", str(min(args.n, preset["eval_n"])), *extra], seconds, f"training ({name})")
+        final = out / folder / "checkpoints" / f"step-{args.steps:06d}"
+        evaluate(name, "eval-" + folder, agent + ["--checkpoint", str(final)])
 
     # The trained agent is the last folder: --compare's last column is it minus each row, paired.
     markdown, entries = compare([folder for _, folder in rows])
+    speed = {name: trajectories_per_minute(out / folder / "metrics.jsonl") for name, (_, folder, _) in runs.items()}
+    markdown += "\n\ntraining: " + ", ".join(f"{name} {v:.1f} trajectories a minute" for name, v in speed.items())
     (out / "results.md").write_text(markdown + "\n")
     (out / "results.json").write_text(json.dumps(entries, indent=2) + "\n")
     accuracy = {name: json.loads((folder / "summary.json").read_text())["accuracy"] for name, folder in rows}
-    plot(out / "train" / "metrics.jsonl", accuracy, args.steps, out / "learning_curve.png")
+    plot({name: out / folder / "metrics.jsonl" for name, (_, folder, _) in runs.items()}, accuracy, args.steps,
+         out / "learning_curve.png")
     minutes = (time.perf_counter() - t0) / 60
     timing = ", ".join(f"{name} {s:.0f} s" for name, s in seconds.items())
-    (out / "timing.json").write_text(json.dumps({"minutes": minutes, "seconds": seconds}, indent=2) + "\n")
+    (out / "timing.json").write_text(json.dumps({"minutes": minutes, "seconds": seconds,
+                                                 "trajectories_per_minute": speed}, indent=2) + "\n")
     print(f"\nwrote {out / 'results.md'}, {out / 'results.json'}, {out / 'learning_curve.png'} in {minutes:.1f} min "
           f"({timing})\n")
     print(markdown)

@@ -128,7 +128,8 @@ class FixedPlan:
     tokens_generated = 0  # no model: nothing generated, nothing trained
 
     def __init__(self, tools, offered=()):
-        self.tools = [tools] if isinstance(tools, str) else list(tools)
+        # "A,B" as --fixed-tool writes it, or a sequence; " A,B" as one action would name no tool.
+        self.tools = [t.strip() for t in tools.split(",") if t.strip()] if isinstance(tools, str) else list(tools)
         self.stop = next((t for t in offered if TOOLS[t].kind == "stop"), "")
 
     def generate(self, chats, **kwargs) -> list[Generation]:

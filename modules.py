@@ -56,6 +56,7 @@ from tools import TOOLS, render_for_executor, render_for_planner
 # trained tokens a_t begin with the tool name: the decision that matters.
 
 PLANNER_PREFIX = "Tool Name:"
+SUB_GOAL_PREFIX = "\nSub-Goal:"  # forced after a first-token tool choice (rollout.plan_chosen)
 VERIFIER_PREFIX = "Conclusion:"
 ANSWER_PREFIX = "Answer:"  # generator and the direct baseline alike
 
@@ -235,6 +236,16 @@ def parse_command(text, tool: str) -> str:
     if value is None:
         value = next((ln.strip() for ln in _clean(text).splitlines() if ln.strip()), "")
     return value.strip().strip("\"'").strip()[:300]
+
+
+_ARITHMETIC = re.compile(r"^[\d\s.,()]*\d[\d\s.,()]*(?:[-+*/]+[\d\s.,()]*\d[\d\s.,()]*)+$")
+
+
+def is_arithmetic(text) -> bool:
+    """A sub-goal that is plain arithmetic on numbers ("57 + 1856", "4821 * 37"), which Python_Coder
+    runs as print(<sub-goal>) without an executor call: the frozen 135M executor garbles such a
+    sub-goal a third of the time (it prints it as a string)."""
+    return isinstance(text, str) and bool(_ARITHMETIC.match(text.strip())) and "," not in text and _compiles(text.strip())
 
 
 def _compiles(code: str) -> bool:

@@ -36,6 +36,7 @@ Run:  python rollout.py --question "What is 4821 * 37?"
 
 import argparse
 import dataclasses
+import re
 import time
 from dataclasses import dataclass, field, fields
 
@@ -150,6 +151,9 @@ class Turn:
     # --tool-temperature: the token ids the first response token was drawn from (the listed tools'
     # first tokens), so that the update computes its log-prob over the same choices; () = free text.
     first_choices: tuple = ()
+    # Positions in response_ids that the rollout wrote, not the planner (the rest of the chosen tool's
+    # name and "\nSub-Goal:" after a first-token choice): loss mask 0, their log-probs placeholders.
+    forced: tuple = ()
 
 
 @dataclass
@@ -202,13 +206,83 @@ def tool_choice_tokens(tokenizer, tools) -> tuple[int, ...]:
     return tuple(ids)
 
 
-def rollout(queries, planner, frozen, toolbox: Toolbox, cfg: RolloutConfig, examples=None,
-            tool_orders=None) -> list[Trajectory]:
-    """Roll out one trajectory per query (repeat a query G times for a group), all in lockstep.
-    tool_orders: per query, the order in which its planner sees the tools (default: cfg's order)."""
+def plan_free(planner, chats, tools, cfg) -> list[Turn]:
+    """The action as free text after "Tool Name:", parsed by modules.parse_action (the official way)."""
+    gens = planner.generate(chats, max_new_tokens=cfg.planner_tokens, temperature=cfg.temperature,
+                            prefix=modules.PLANNER_PREFIX, stop=modules.PLANNER_STOP)
+    turns = []
+    for chat, g in zip(chats, gens):
+        a = modules.parse_action(modules.PLANNER_PREFIX + g.text, _question(chat), tools)
+        turns.append(Turn(g.prompt_ids, g.response_ids, g.logprobs, g.text, a.tool, a.sub_goal, a.context, a.valid,
+                          g.truncated))
+    return turns
+
+
+def plan_chosen(planner, chats, t: int, choices, tools, cfg) -> list[Turn]:
+    """--tool-temperature: the tool drawn as one token among the listed tools' first tokens, then the
+    sub-goal written after a forced "<rest of the tool's name>\nSub-Goal:", up to a line's end.
+
+        s_t + "Tool Name:"  ->  " Fact"                                 drawn among the choices
+        + "_Lookup\nSub-Goal:"                                          forced (loss mask 0)
+        ->  " founder of Zhervym Motors\n"                              sampled at `temperature`
+
+    One training row per turn: response = choice + forced + sub-goal. The stop action (Done) is not
+    offered on turn 1 (there is nothing to answer from yet) and writes no sub-goal."""
+    offered = tuple(c for c, name in zip(choices, tools) if t > 1 or TOOLS[name].kind != "stop")
+    picks = planner.generate(chats, max_new_tokens=1, temperature=cfg.temperature, prefix=modules.PLANNER_PREFIX,
+                             choices=offered, choice_temperature=cfg.tool_temperature)
+    tool_of = [tools[choices.index(g.response_ids[0])] for g in picks]
+    write = [i for i, tool in enumerate(tool_of) if TOOLS[tool].kind != "stop" and cfg.planner_tokens > 1]
+    infix = {tool: planner.tokenizer(" " + tool, add_special_tokens=False).input_ids[1:]
+             + planner.tokenizer(modules.SUB_GOAL_PREFIX, add_special_tokens=False).input_ids for tool in set(tool_of)}
+    prompts = [picks[i].prompt_ids + picks[i].response_ids + infix[tool_of[i]] for i in write]
+    sub = dict(zip(write, planner.generate_batched(prompts, cfg.planner_tokens - 1, cfg.temperature, 1.0,
+                                                   modules.LINE_STOP, (), 1.0))) if write else {}
+    turns = []
+    for i, (chat, g, tool) in enumerate(zip(chats, picks, tool_of)):
+        forced, rest = (infix[tool], sub[i]) if i in sub else ([], None)
+        text = " " + tool + (modules.SUB_GOAL_PREFIX + rest.text if rest else "")
+        a = modules.parse_action(modules.PLANNER_PREFIX + text, _question(chat), tools)
+        turns.append(Turn(g.prompt_ids, g.response_ids + forced + (rest.response_ids if rest else []),
+                          g.logprobs + [0.0] * len(forced) + (rest.logprobs if rest else []), text, tool, a.sub_goal,
+                          a.context, True, bool(rest and rest.truncated), first_choices=offered,
+                          forced=tuple(range(1, 1 + len(forced)))))
+    return turns
+
+
+def _question(chat) -> str:
+    """The question of a planner prompt (its "Question: ..." line)."""
+    found = re.search(r"^Question: (.*)$", chat[-1]["content"], flags=re.M)
+    return found.group(1) if found else ""
+
+
+def execute(need, frozen, cfg) -> None:
+    """Step 3 of a turn: set each valid action's command. A "sub-goal" tool (Fact_Lookup) takes the
+    planner's sub-goal, then the question, which an executor would also have seen; a code tool runs a
+    sub-goal that is plain arithmetic ("57 + 1856") as it is; the others ask the frozen executor, one
+    batched call per tool (each has its own forced prefix)."""
+    for tr in need:
+        turn = tr.turns[-1]
+        if TOOLS[turn.tool].kind == "sub-goal":
+            sub_goal = turn.sub_goal.strip()
+            turn.command = sub_goal if sub_goal == tr.query.strip() else f"{sub_goal} | {tr.query}"
+        elif TOOLS[turn.tool].kind == "code" and modules.is_arithmetic(turn.sub_goal):
+            turn.command = f"print({turn.sub_goal.strip()})"  # the sub-goal is the program already
+    need = [tr for tr in need if TOOLS[tr.turns[-1].tool].kind != "sub-goal" and not tr.turns[-1].command]
+    for tool in sorted({tr.turns[-1].tool for tr in need}):  # one batched call per tool (its own prefix)
+        rows = [tr for tr in need if tr.turns[-1].tool == tool]
+        chats = [modules.executor_prompt(tr.query, tool, tr.turns[-1].sub_goal, tr.turns[-1].context) for tr in rows]
+        prefix = modules.executor_prefix(tool)
+        stop = modules.executor_stop(tool)
+        for tr, g in zip(rows, frozen.generate(chats, max_new_tokens=cfg.executor_tokens, temperature=0.0, prefix=prefix, stop=stop)):
+            # A completion with nothing after the forced prefix is no command at all.
+            tr.turns[-1].command = modules.parse_command(prefix + g.text, tool) if g.text.strip() else ""
+
+
+def rollout(queries, planner, frozen, toolbox: Toolbox, cfg: RolloutConfig, examples=None) -> list[Trajectory]:
+    """Roll out one trajectory per query (repeat a query G times for a group), all in lockstep."""
     tools = cfg.tool_names()
-    trajs = [Trajectory(q, tools=tuple(tool_orders[i]) if tool_orders else tools, example=(examples[i] if examples else None))
-             for i, q in enumerate(queries)]
+    trajs = [Trajectory(q, tools=tools, example=examples[i] if examples else None) for i, q in enumerate(queries)]
     # 1. Query analysis, once per trajectory, by the planner model (not a training row).
     if cfg.analysis_tokens > 0:  # 0 skips it: on a small CPU budget the turns matter more
         t0 = time.perf_counter()
@@ -220,27 +294,15 @@ def rollout(queries, planner, frozen, toolbox: Toolbox, cfg: RolloutConfig, exam
 
     # --tool-temperature: the tool as a choice among the listed tools (the first token of each name).
     # A rule planner (evaluate.FixedPlan, OraclePlan) has no tokenizer and no tokens to restrict.
-    # The stop action (Done) is offered from turn 2 on: on turn 1 there is nothing to answer from.
     choices = tool_choice_tokens(planner.tokenizer, tools) if cfg.tool_temperature > 0 and hasattr(planner, "tokenizer") else ()
-    first_turn = tuple(c for c, name in zip(choices, tools) if TOOLS[name].kind != "stop")
     live = list(trajs)
     for t in range(1, cfg.max_turns + 1):
-        # 2. Planner: one batched call for every live trajectory; each response is a Turn.
+        # 2. Planner: batched calls for every live trajectory; each action is a Turn (a training row).
         t0 = time.perf_counter()
-        offered = first_turn if t == 1 else choices
         chats = [modules.planner_prompt(tr.query, tr.analysis, tr.tools, tr.memory, cfg.memory_chars) for tr in live]
-        gens = planner.generate(chats, max_new_tokens=cfg.planner_tokens, temperature=cfg.temperature,
-                                prefix=modules.PLANNER_PREFIX, stop=modules.PLANNER_STOP,
-                                **(dict(choices=offered, choice_temperature=cfg.tool_temperature) if offered else {}))
-        for tr, g in zip(live, gens):
-            a = modules.parse_action(modules.PLANNER_PREFIX + g.text, tr.query, tools)
-            ids, logprobs = g.response_ids, g.logprobs
-            if offered and ids:  # the drawn first token chose the tool, whatever follows it
-                a = dataclasses.replace(a, tool=tools[choices.index(ids[0])], valid=True)
-                if TOOLS[a.tool].kind == "stop":  # what follows a stop is never read, so it is not trained
-                    ids, logprobs = ids[:1], logprobs[:1]
-            tr.turns.append(Turn(g.prompt_ids, ids, logprobs, g.text, a.tool, a.sub_goal, a.context, a.valid,
-                                 g.truncated and len(ids) == len(g.response_ids), first_choices=offered))
+        turns = plan_chosen(planner, chats, t, choices, tools, cfg) if choices else plan_free(planner, chats, tools, cfg)
+        for tr, turn in zip(live, turns):
+            tr.turns.append(turn)
         _tick(live, "planner", t0)
 
         # The planner's stop ends a trajectory here: no executor, no tool, nothing added to the memory.
@@ -253,22 +315,8 @@ def rollout(queries, planner, frozen, toolbox: Toolbox, cfg: RolloutConfig, exam
 
         # 3. Executor: commands for the valid actions (an invalid action skips straight to an error step).
         t0 = time.perf_counter()
-        need = [tr for tr in live if tr.turns[-1].valid_action]
-        for tr in need:  # a "sub-goal" tool (Fact_Lookup) takes the planner's sub-goal as its command,
-            turn = tr.turns[-1]  # then the question, which an executor would also have seen
-            if TOOLS[turn.tool].kind == "sub-goal":
-                sub_goal = turn.sub_goal.strip()
-                turn.command = sub_goal if sub_goal == tr.query.strip() else f"{sub_goal} | {tr.query}"
-        need = [tr for tr in need if TOOLS[tr.turns[-1].tool].kind != "sub-goal"]
-        for tool in sorted({tr.turns[-1].tool for tr in need}):  # one batched call per tool (its own prefix)
-            rows = [tr for tr in need if tr.turns[-1].tool == tool]
-            chats = [modules.executor_prompt(tr.query, tool, tr.turns[-1].sub_goal, tr.turns[-1].context) for tr in rows]
-            prefix = modules.executor_prefix(tool)
-            stop = modules.executor_stop(tool)
-            for tr, g in zip(rows, frozen.generate(chats, max_new_tokens=cfg.executor_tokens, temperature=0.0, prefix=prefix, stop=stop)):
-                # A completion with nothing after the forced prefix is no command at all.
-                tr.turns[-1].command = modules.parse_command(prefix + g.text, tool) if g.text.strip() else ""
-        _tick(need, "executor", t0)
+        execute([tr for tr in live if tr.turns[-1].valid_action], frozen, cfg)
+        _tick(live, "executor", t0)
 
         # 4. Tools: a batch of (tool, command) calls; failures come back as "Error: ..." text.
         t0 = time.perf_counter()

@@ -114,6 +114,7 @@ def collate(turns, pad_id: int, device) -> dict:
     for b, t in enumerate(turns):
         n = len(t.response_ids)
         mask[b, R - n:] = 1
+        mask[b, [R - n + p for p in t.forced]] = 0  # tokens the rollout wrote, not the planner
         old[b, R - n:] = torch.tensor(t.logprobs)
         if t.ref_logp is not None:
             ref[b, R - n:] = torch.tensor(t.ref_logp)
@@ -211,7 +212,7 @@ def update(cfg, accelerator, policy, optimizer, minis, pad: int, path: RowPath =
                 continue  # nothing to train in this mini-batch (every group filtered out): no step
             # The loss is normalised over ALL processes' rows of the mini-batch, so that DDP's
             # gradient average (divide by the world size) gives exactly the full-batch value.
-            local = sum(len(t.response_ids) for t in mini) if cfg.agg == "token-mean" else sum(1.0 / t.traj_turns for t in mini)
+            local = sum(len(t.response_ids) - len(t.forced) for t in mini) if cfg.agg == "token-mean" else sum(1.0 / t.traj_turns for t in mini)
             normaliser = accelerator.reduce(torch.tensor(float(local), device=accelerator.device), "sum").item()
             chunks = distributed.even_out(path.micro_batches(mini, cfg.micro_batch_rows), accelerator)
             loss_sum = 0.0

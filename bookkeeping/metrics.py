@@ -89,7 +89,7 @@ def step_metrics(step, trajs, rewards, group_of, n_rows, upd, rollout_s, update_
     s = dict(zip(keys, total))
     n, turns = max(s["n"], 1), max(s["turns"], 1)
     return {
-        "step": step,
+        "step": step, "trajectories": int(s["n"]),
         "reward_mean": s["reward"] / n, "accuracy": s["correct"] / n,
         "frac_reward_zero_std": s["zero_std"] / max(s["groups"], 1),
         **{k: s[f"upd/{k}"] / max(s["micro"], 1) for k in UPDATE_SUMS},

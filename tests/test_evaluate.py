@@ -18,7 +18,7 @@ import evaluate
 from environment import tasks
 import modules
 from engine import Generation
-from rollout import RolloutConfig
+from rollout import RolloutConfig, rollout
 from tools import Toolbox
 
 from conftest import ROOT
@@ -207,6 +207,21 @@ def test_fixed_plan_calls_the_tool_every_turn_with_the_question_as_sub_goal(tiny
     assert all(t["tool"] == "Python_Coder" and t["sub_goal"] == q and t["valid_action"] for q, t in turns)
 
 
+@pytest.mark.parametrize("plan", ["Fact_Lookup,Python_Coder", ("Fact_Lookup", "Python_Coder")])
+def test_a_fixed_plan_calls_its_tools_in_order_then_done_or_else_the_last_tool_again(plan):
+    """evaluate.FixedPlan (--fixed-tool A,B): A on turn 1, B on turn 2, the question as every sub-goal;
+    then Done when the tool list offers it (the trajectory ends: stop_reason "planner"), else B again."""
+    eng = ScriptedEngine()
+    q = "What is 57 plus the year in which Noullysk Foundry was founded?"
+    for tools, expected, stop in (("Python_Coder,Fact_Lookup,Done", ["Fact_Lookup", "Python_Coder", "Done"], "planner"),
+                                  ("Python_Coder,Fact_Lookup", ["Fact_Lookup", "Python_Coder", "Python_Coder"], "max_turns")):
+        cfg = RolloutConfig(max_turns=3, temperature=0.0, analysis_tokens=0, verify=False, tools=tools)
+        [tr] = rollout([q], evaluate.FixedPlan(plan, offered=cfg.tool_names()), eng, Toolbox(cfg.tool_names(), llm=eng), cfg)
+        assert [t.tool for t in tr.turns] == expected and tr.stop_reason == stop
+        assert all(t.sub_goal == q and t.valid_action for t in tr.turns)
+        assert tr.turns[0].result == "founding year of Noullysk Foundry: 1856" and tr.turns[1].result.strip() == "42"
+
+
 def test_compare_prints_a_markdown_table_and_writes_json(runs, tmp_path):
     dirs = [runs[m][0] for m in ("direct", "agent")]
     labels = [json.loads((d / "summary.json").read_text())["label"] for d in dirs]
@@ -253,6 +268,33 @@ def test_checkpoint_planner_and_frozen_model_come_from_the_step_folder(tiny_mode
 
 
 # ---------------------------------------------------------------------------------------------
+# Sizes for the machine: the cpu preset's on a CPU, the paper's a flag away
+
+
+def test_on_a_cpu_the_rollout_sizes_are_the_cpu_presets_and_the_papers_are_a_flag_away(tmp_path):
+    from config import PRESETS
+    from rollout import CPU_SIZES
+
+    assert CPU_SIZES == {k: PRESETS["cpu"][k] for k in CPU_SIZES}  # one set of CPU sizes, trained and evaluated
+    base = ["--data", "arithmetic", "--out", str(tmp_path / "o"), "--device", "cpu"]
+    cfg, args = evaluate.parse_args(base)
+    assert {k: getattr(cfg, k) for k in CPU_SIZES} == CPU_SIZES and args.sizes_source.startswith("cpu")
+    paper, args = evaluate.parse_args(base + ["--sizes", "paper"])
+    assert paper.max_turns == 10 and paper.analysis_tokens == evaluate.EvalConfig.analysis_tokens
+    assert args.sizes_source.startswith("paper")
+    # A size flag wins over the machine's sizes; a preset replaces them.
+    assert evaluate.parse_args(base + ["--max-turns", "5"])[0].max_turns == 5
+    demo, args = evaluate.parse_args(base + ["--preset", "cpu-demo"])
+    assert demo.max_turns == PRESETS["cpu-demo"]["max_turns"] and args.sizes_source == "--preset cpu-demo"
+
+
+def test_the_run_says_which_sizes_it_used(runs):
+    folder, proc = runs["agent"]
+    summary = json.loads((folder / "summary.json").read_text())
+    assert summary["sizes"] in proc.stdout and "sizes (" in proc.stdout and "--sizes cpu|paper" in proc.stdout
+
+
+# ---------------------------------------------------------------------------------------------
 # Bad input: one clear line, non-zero exit
 
 
@@ -272,8 +314,12 @@ def test_bad_inputs_exit_with_a_message_that_says_what_to_change(tiny_model_dir,
     assert "not both" in error_of(["--model", tiny_model_dir, "--checkpoint", tmp_path, *out], capsys)
     assert "--out DIR is required" in error_of(["--data", "arithmetic", "--n", 1], capsys)
     assert "unknown tool" in error_of(["--tools", "Python_Coder,Hammer", *out], capsys)
-    assert "--fixed-tool takes one of --tools" in error_of([*out, "--fixed-tool", "Hammer"], capsys)
-    assert "--fixed-tool takes one of --tools" in error_of([*out, "--fixed-tool", "Python_Coder", "--mode", "direct"], capsys)
+    assert "--fixed-tool takes tools of --tools" in error_of([*out, "--fixed-tool", "Hammer"], capsys)
+    assert "--fixed-tool takes tools of --tools" in error_of([*out, "--fixed-tool", "Python_Coder,Hammer"], capsys)
+    assert "--fixed-tool takes tools of --tools" in error_of([*out, "--fixed-tool", ","], capsys)
+    assert "--fixed-tool takes tools of --tools" in error_of([*out, "--fixed-tool", "Python_Coder", "--mode", "direct"], capsys)
+    assert "--oracle must be router or planner" in error_of([*out, "--oracle", "sometimes"], capsys)
+    assert "--oracle replaces the planner" in error_of([*out, "--oracle", "router", "--fixed-tool", "Python_Coder"], capsys)
     assert "ask for n <=" in error_of([*out, "--n", 10**6], capsys)
     assert "--json needs --compare" in error_of(["--json", tmp_path / "t.json"], capsys)
     assert "summary.json not found" in error_of(["--compare", tmp_path], capsys)

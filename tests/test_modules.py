@@ -128,6 +128,17 @@ def test_parse_answer_takes_the_last_candidate():
     assert parse_answer("Answer: 178377") == "178377"
 
 
+@pytest.mark.parametrize("text, arithmetic", [
+    ("57 + 1856", True), ("4821 * 37", True), (" 12 / 4 ", True), ("(3 + 4) * 2", True), ("1856+57", True),
+    ("57", False), ("57 +", False), ("(57 + 1856", False),  # no operator, or no program
+    ("1,856 + 57", False), ("What is 4821 * 37?", False), ("add 57 to 1856", False),
+    ("__import__('os').system('ls')", False), ("57 + x", False), ("", False), (None, False),
+])
+def test_is_arithmetic_accepts_plain_arithmetic_on_numbers_only(text, arithmetic):
+    """A Python_Coder sub-goal that is plain arithmetic is run as print(<sub-goal>) without an executor."""
+    assert modules.is_arithmetic(text) is arithmetic
+
+
 # ---- prompts --------------------------------------------------------------------------------
 
 def test_prompts_are_short_fresh_chats_that_state_their_format(tokenizer):
@@ -149,3 +160,18 @@ def test_prompts_are_short_fresh_chats_that_state_their_format(tokenizer):
     assert "Tool Name:" in chats[1][1]["content"] and "178377" in chats[1][1]["content"]
     assert "Conclusion: STOP" in chats[4][1]["content"]
     assert "answer only" in chats[5][1]["content"] and "<" not in chats[5][1]["content"]
+
+
+def test_the_generator_prompt_restates_the_last_steps_value():
+    """With two labelled facts in memory (a two-hop question's bridge and its answer) the generator is
+    told which one answers: the last step's value, after its label's ": "."""
+    mem = Memory()
+    q = "In which city was the founder of Noullysk Foundry born?"
+    assert "last step" not in modules.generator_prompt(q, mem)[1]["content"]  # nothing to restate yet
+    mem.add("Fact_Lookup", "founder of Noullysk Foundry", "founder of Noullysk Foundry", "founder of Noullysk Foundry: Brukras Veirtha")
+    mem.add("Fact_Lookup", "birth city of Brukras Veirtha", "birth city of Brukras Veirtha", "birth city of Brukras Veirtha: Fulyrn")
+    user = modules.generator_prompt(q, mem)[1]["content"]
+    assert "The last step's result answers the question: Fulyrn\n" in user
+    assert user.index("Steps so far:") < user.index("The last step's result") < user.index("Reply with the answer only.")
+    mem.add("Python_Coder", "57 + 1856", "print(57 + 1856)", "1913\n")  # a result without a label
+    assert "The last step's result answers the question: 1913\n" in modules.generator_prompt(q, mem)[1]["content"]

@@ -1,6 +1,7 @@
-"""The planning suite (the CPU demo's): its splits, that the right tool answers every question,
-Fact_Lookup's tolerant reading of commands, the oracle router, and the paired difference that
---compare reports.  Run: python -m pytest -q tests/test_planning.py
+"""The planning suite (the CPU demo's): its four kinds and splits, that each example's right plan
+(tools and hand-written sub-goals) answers it, Fact_Lookup's tolerant reading of commands (part by
+part), the oracle router and the oracle planner, and the paired difference that --compare reports.
+Run: python -m pytest -q tests/test_planning.py
 """
 
 import itertools
@@ -17,9 +18,9 @@ import evaluate
 import modules
 from bookkeeping.report import paired_difference
 from engine import Generation
-from environment import facts, tasks
+from environment import facts, scoring, tasks
 from environment.game24 import _evaluate, _tokenize
-from rollout import RolloutConfig, rollout
+from rollout import RolloutConfig, format_trajectory, rollout
 from tools import TOOLS, Toolbox
 
 from conftest import ROOT
@@ -44,11 +45,31 @@ def test_planning_splits_are_disjoint_deterministic_and_prefix_stable():
     a, b = tasks.load("planning", n=100, seed=0), tasks.load("planning", n=100, seed=0)
     assert [e["query"] for e in a] == [e["query"] for e in b]
     assert [e["query"] for e in tasks.load("planning", n=100, seed=1)] != [e["query"] for e in a]
-    # 2 : 2 : 1, and every example names the tools an oracle would call.
-    assert Counter(e["suite"] for e in a) == {"calculation": 40, "fact": 40, "two-step": 20}
+    # 3 : 3 : 2 : 2, so 40 of 100 are multi-step, and every example names its right plan: the tools in
+    # order and a sub-goal for each step.
+    assert Counter(e["suite"] for e in a) == {"calculation": 30, "fact": 30, "fact-then-sum": 20, "two-hop": 20}
     assert all(e["tools"] == {"calculation": ["Python_Coder"], "fact": ["Fact_Lookup"],
-                              "two-step": ["Fact_Lookup", "Python_Coder"]}[e["suite"]] for e in train + test)
+                              "fact-then-sum": ["Fact_Lookup", "Python_Coder"],
+                              "two-hop": ["Fact_Lookup", "Fact_Lookup"]}[e["suite"]] for e in train + test)
+    assert all(e["kind"] == e["suite"] and len(e["sub_goals"]) == len(e["tools"]) for e in train + test)
     assert all(set(e["tools"]) <= set(TOOLS) for e in a)
+    assert "two-step" not in {e["kind"] for e in train + test}  # the old kind is gone
+
+
+def test_each_kind_has_hand_written_sub_goals_in_fact_lookups_words():
+    """The worked examples of planning.py's docstring: a fact then a sum, and a two-hop question."""
+    by_query = {e["query"]: e for e in tasks.load("planning", split="train") + tasks.load("planning", split="test")}
+    founded = next(e for q, e in by_query.items() if q.endswith("plus the year in which Noullysk Foundry was founded?"))
+    k = founded["addend"]
+    assert founded["sub_goals"] == ["founding year of Noullysk Foundry", f"{k} + 1856"]
+    assert founded["answer"] == k + 1856 and founded["intermediate"] == "1856"
+    hop = by_query["In which city was the founder of Noullysk Foundry born?"]
+    assert hop["sub_goals"] == ["founder of Noullysk Foundry", "birth city of Brukras Veirtha"]
+    assert hop["intermediate"] == "Brukras Veirtha" and hop["answer"] == "Fulyrn"
+    fact = by_query["In which city was Brukras Veirtha born?"]
+    assert fact["sub_goals"] == ["birth city of Brukras Veirtha"] and fact["answer"] == "Fulyrn"
+    calc = next(e for e in by_query.values() if e["kind"] == "calculation")
+    assert calc["sub_goals"] == [calc["query"]]  # the question is the program's own sub-goal
 
 
 def test_the_other_suites_keep_their_questions_and_shares():
@@ -62,17 +83,28 @@ def _value_of(expression: str):
     return _evaluate(_tokenize(expression))[0]
 
 
-def test_the_right_tool_answers_every_question():
-    """Every question's oracle tool result holds its answer: Fact_Lookup's line names the gold (or the
-    two-step question's intermediate value), and the calculation in each question equals its answer."""
+def test_the_right_plan_answers_every_question():
+    """Every question's right plan reaches its answer: each Fact_Lookup step, sent as rollout.py sends it
+    ("sub-goal | question"), names the step's value (the gold, or the intermediate value that step 2
+    needs); a fact-then-sum's second sub-goal is the sum that equals the gold; the calculation in each
+    question equals its answer. A multi-step question alone gets only its first hop."""
     for e in tasks.load("planning", split="test") + tasks.load("planning", split="train", n=500):
+        step = [f"{g} | {e['query']}" for g in e["sub_goals"]]
         if e["suite"] == "fact":
             assert facts.lookup(e["query"]).endswith(f": {e['answer']}"), e["query"]
-        elif e["suite"] == "two-step":
-            result = facts.lookup(e["query"])
-            assert result.endswith(f": {e['intermediate']}"), (e["query"], result)
+            assert facts.lookup(step[0]).endswith(f": {e['answer']}"), e["query"]
+        elif e["suite"] == "fact-then-sum":
+            for command in (e["query"], step[0]):
+                result = facts.lookup(command)
+                assert result.endswith(f": {e['intermediate']}"), (command, result)
             number = int(str(e["intermediate"]).replace(",", ""))
-            assert _value_of(f"{e['addend']} + {number}") == e["answer"] and str(e["addend"]) in e["query"]
+            assert _value_of(e["sub_goals"][1]) == e["answer"] == number + e["addend"] and str(e["addend"]) in e["query"]
+            assert modules.is_arithmetic(e["sub_goals"][1])  # rollout.py runs it without an executor
+        elif e["suite"] == "two-hop":
+            assert facts.lookup(step[0]).endswith(f": {e['intermediate']}"), e["sub_goals"]
+            assert facts.lookup(step[1]).endswith(f": {e['answer']}"), e["sub_goals"]
+            assert e["intermediate"] in e["sub_goals"][1] and e["intermediate"] not in e["query"]
+            assert not facts.lookup(e["query"]).endswith(f": {e['answer']}")  # one hop only: step 2 is needed
         else:
             m = re.fullmatch(r"What is (.*)\?", e["query"])
             numbers = [int(x) for x in re.findall(r"\d+", e["query"])]
@@ -93,6 +125,26 @@ def test_fact_lookup_reads_loose_commands():
     assert facts.lookup("Brukras Veirtha") == "Brukras Veirtha: birth city Fulyrn; birth year 1822; profession shipwright"
     # One hop only: a chain gives a fact of the entity named, never of the bridge.
     assert facts.lookup("In which city was the founder of Noullysk Foundry born?").startswith("founder of Noullysk Foundry")
+
+
+def test_fact_lookup_reads_a_command_part_by_part_and_the_first_part_that_names_an_entity_decides():
+    """"sub-goal | question" (rollout.py's command): the first part naming an entity decides what is
+    asked; a later part only supplies the attribute when that part names none, and never its entity."""
+    question = "When was Noullysk Foundry founded?"
+    # The sub-goal names an entity and an attribute: the question is not read (as one text it would
+    # ask the founding year: "when" and "founded" outweigh "founder").
+    assert facts.lookup(f"founder of Noullysk Foundry | {question}") == "founder of Noullysk Foundry: Brukras Veirtha"
+    assert facts.lookup(f"founder of Noullysk Foundry {question}") == "founding year of Noullysk Foundry: 1856"
+    # The sub-goal names only an entity: the question supplies the attribute ("when": a year), of the
+    # sub-goal's entity, not the question's.
+    assert facts.lookup(f"Brukras Veirtha | {question}") == "birth year of Brukras Veirtha: 1822"
+    assert facts.lookup("Brukras Veirtha | Who founded Noullysk Foundry?") == facts.lookup("Brukras Veirtha")
+    # A two-hop question's second step: the bridge's fact, though the question names the first entity.
+    two_hop = "In which city was the founder of Noullysk Foundry born?"
+    assert facts.lookup(f"birth city of Brukras Veirtha | {two_hop}") == "birth city of Brukras Veirtha: Fulyrn"
+    # The sub-goal names no entity: the next part decides.
+    assert facts.lookup("Find a fact about a person | Who founded Noullysk Foundry?") == facts.lookup("Who founded Noullysk Foundry?")
+    assert facts.lookup("a | b").startswith("Error: Fact_Lookup found no")
 
 
 @pytest.mark.parametrize("command", ["", "   ", None, 42, "x" * 100_000, "What is 2 + 2?", "Zhervym\x00\n\t",
@@ -146,50 +198,114 @@ def test_paired_difference_edges():
 
 
 # ---------------------------------------------------------------------------------------------
-# The oracle router
+# The oracles
 
 
 class Frozen:
-    """Executor, verifier and generator from a script (Fact_Lookup needs no executor: rollout.py builds its command)."""
+    """Executor, verifier and generator from a script (Fact_Lookup needs no executor: rollout.py builds
+    its command). The executor prints the expression of a "What is ...?" sub-goal; the generator answers
+    with the value that generator_prompt restates from the last step. `calls` counts each module."""
+
+    def __init__(self):
+        self.calls = Counter()
 
     def generate(self, chats, max_new_tokens=64, temperature=0.0, prefix="", stop=()):
         out = []
         for chat in chats:
             system, user = chat[0]["content"], chat[-1]["content"]
             if "write Python" in system:
-                text = "print(1 + 1)\n```"
+                self.calls["executor"] += 1
+                asked = re.search(r"^Sub-Goal: What is (.*)\?$", user, flags=re.M)
+                text = f"{asked.group(1) if asked else '1 + 1'})\n```"  # after the forced "```python\nprint("
             elif "input of a tool" in system:
+                self.calls["executor"] += 1
                 text = " " + re.search(r"^Sub-Goal: (.*)$", user, flags=re.M).group(1)
             elif "check whether" in system:
+                self.calls["verifier"] += 1
                 text = " CONTINUE"
             else:
-                text = " 2"
+                self.calls["generator"] += 1
+                restated = re.search(r"^The last step's result answers the question: (.*)$", user, flags=re.M)
+                text = " " + (restated.group(1) if restated else "2")
             out.append(Generation(text))
         return out
 
 
-def test_oracle_plan_calls_each_questions_tools_in_order_with_the_question_as_sub_goal():
-    examples = [e for e in tasks.load("planning", n=20) if e["suite"] in ("two-step", "fact")][:4]
-    cfg = RolloutConfig(max_turns=3, temperature=0.0, analysis_tokens=0, tools="Python_Coder,Fact_Lookup,Local_Search")
+def _questions(per_kind: int):
+    """A few test questions of each kind (the calculations of the "What is ...?" form)."""
+    examples = tasks.load("planning", n=100)
+    pick = lambda kind: [e for e in examples if e["suite"] == kind and (kind != "calculation" or e["query"].startswith("What is"))]
+    return [e for kind in ("calculation", "fact", "fact-then-sum", "two-hop") for e in pick(kind)[:per_kind]]
+
+
+def test_oracle_router_calls_the_right_first_tool_with_the_question_as_sub_goal_then_done():
+    examples = _questions(1)
     frozen = Frozen()
-    trajs = rollout([e["query"] for e in examples], evaluate.OraclePlan(examples), frozen,
-                    Toolbox(cfg.tool_names(), llm=frozen), cfg, examples=examples)
+    for tools, expected in (("Python_Coder,Fact_Lookup,Done", lambda e: [e["tools"][0], "Done"]),
+                            ("Python_Coder,Fact_Lookup", lambda e: [e["tools"][0]] * 3)):  # no Done: the tool again
+        cfg = RolloutConfig(max_turns=3, temperature=0.0, analysis_tokens=0, verify=False, tools=tools)
+        plan = evaluate.OraclePlan(examples, "router", offered=cfg.tool_names())
+        trajs = rollout([e["query"] for e in examples], plan, frozen, Toolbox(cfg.tool_names(), llm=frozen), cfg,
+                        examples=examples)
+        for e, tr in zip(examples, trajs):
+            assert [t.tool for t in tr.turns] == expected(e)
+            assert all(t.sub_goal == e["query"] and t.context == "" for t in tr.turns)
+            assert tr.stop_reason == ("planner" if "Done" in tools else "max_turns")
+    with pytest.raises(ValueError, match="router or planner"):
+        evaluate.OraclePlan(examples, "oracle")
+
+
+def test_oracle_planner_sends_its_hand_written_sub_goals_to_the_tools_and_answers_right():
+    """Every right tool with its sub-goal, then Done: Fact_Lookup reads the sub-goal first (step 2 of a
+    two-hop question looks up the bridge), a fact-then-sum's sum runs without an executor call, and the
+    generator (scripted to answer the restated last result) is right on every question."""
+    examples = _questions(2)
+    cfg = RolloutConfig(max_turns=3, temperature=0.0, analysis_tokens=0, verify=False, tools="Python_Coder,Fact_Lookup,Done")
+    frozen = Frozen()
+    trajs = rollout([e["query"] for e in examples], evaluate.OraclePlan(examples, "planner", offered=cfg.tool_names()),
+                    frozen, Toolbox(cfg.tool_names(), llm=frozen), cfg, examples=examples)
     for e, tr in zip(examples, trajs):
-        expected = e["tools"] + [e["tools"][-1]] * (3 - len(e["tools"]))  # the last tool again on later turns
-        assert [t.tool for t in tr.turns] == expected
-        assert all(t.sub_goal == e["query"] and t.context == "" for t in tr.turns)
-        assert tr.turns[0].result == facts.lookup(e["query"])
+        assert [t.tool for t in tr.turns] == e["tools"] + ["Done"] and tr.stop_reason == "planner"
+        assert [t.sub_goal for t in tr.turns[:-1]] == e["sub_goals"]
+        assert len(tr.memory.steps) == len(e["tools"])  # Done adds nothing to the memory
+        for t, goal in zip(tr.turns, e["sub_goals"]):
+            if t.tool == "Fact_Lookup":
+                assert t.command == f"{goal} | {e['query']}" and not t.result.startswith("Error")
+        if e["suite"] == "two-hop":
+            assert tr.turns[0].result.endswith(": " + e["intermediate"]) and tr.turns[1].result.endswith(f": {e['answer']}")
+        if e["suite"] == "fact-then-sum":
+            assert tr.turns[1].command == f"print({e['sub_goals'][1]})"
+        assert scoring.score(tr.final_output, e) == 1.0, (e["query"], format_trajectory(tr))
+    # Executor calls only for the calculations (their sub-goal is the question, not arithmetic).
+    assert frozen.calls["executor"] == sum(e["suite"] == "calculation" for e in examples)
+
+
+def test_the_oracles_and_fixed_plans_are_labelled_by_what_they_are():
+    cfg, _ = evaluate.parse_args(["--data", "planning", "--out", "x", "--oracle", "planner", "--device", "cpu"])
+    assert evaluate.default_label(cfg, "m").endswith("oracle planner")
+    cfg, _ = evaluate.parse_args(["--data", "planning", "--out", "x", "--oracle", "router", "--device", "cpu"])
+    assert evaluate.default_label(cfg, "m").endswith("oracle router")
+    cfg, _ = evaluate.parse_args(["--data", "planning", "--out", "x", "--fixed-tool", "Fact_Lookup,Python_Coder",
+                                  "--tools", "Python_Coder,Fact_Lookup,Done", "--device", "cpu"])
+    assert evaluate.default_label(cfg, "m").endswith("fixed plan: Fact_Lookup,Python_Coder")
 
 
 def test_cli_oracle_and_compare_report_the_paired_difference(tiny_model_dir, tmp_path):
-    common = ["--data", "planning", "--n", 5, "--model", tiny_model_dir, "--tools", "Python_Coder,Fact_Lookup", *FAST]
-    oracle = run_cli(*common, "--oracle", "--out", tmp_path / "oracle")
+    common = ["--data", "planning", "--n", 5, "--model", tiny_model_dir, "--tools", "Python_Coder,Fact_Lookup,Done", *FAST]
+    oracle = run_cli(*common, "--oracle", "planner", "--out", tmp_path / "oracle")
     assert oracle.returncode == 0, oracle.stderr[-2000:]
     records = [json.loads(line) for line in (tmp_path / "oracle" / "results.jsonl").read_text().splitlines()]
-    assert all(r["trajectory"]["turns"][0]["tool"] == tasks.load("planning", n=5)[i]["tools"][0] for i, r in enumerate(records))
-    assert json.loads((tmp_path / "oracle" / "summary.json").read_text())["label"].endswith("oracle router")
-    fixed = run_cli(*common, "--fixed-tool", "Fact_Lookup", "--label", "lookup always", "--out", tmp_path / "fixed")
+    examples = tasks.load("planning", n=5)
+    # --max-turns 2: a one-step plan and its Done, or the two steps of a multi-step plan.
+    assert [[t["tool"] for t in r["trajectory"]["turns"]] for r in records] == [(e["tools"] + ["Done"])[:2] for e in examples]
+    assert [r["trajectory"]["turns"][0]["sub_goal"] for r in records] == [e["sub_goals"][0] for e in examples]
+    assert json.loads((tmp_path / "oracle" / "summary.json").read_text())["label"].endswith("oracle planner")
+    # A fixed sequence: Fact_Lookup then Python_Coder for every question, the question as sub-goal.
+    fixed = run_cli(*common, "--fixed-tool", "Fact_Lookup,Python_Coder", "--label", "lookup always", "--out", tmp_path / "fixed")
     assert fixed.returncode == 0, fixed.stderr[-2000:]
+    records = [json.loads(line) for line in (tmp_path / "fixed" / "results.jsonl").read_text().splitlines()]
+    assert all([t["tool"] for t in r["trajectory"]["turns"]] == ["Fact_Lookup", "Python_Coder"] for r in records)
+    assert all(t["sub_goal"] == r["query"] for r in records for t in r["trajectory"]["turns"])
     proc = run_cli("--compare", tmp_path / "fixed", tmp_path / "oracle", "--json", tmp_path / "t.json")
     assert proc.returncode == 0, proc.stderr[-2000:]
     label = json.loads((tmp_path / "oracle" / "summary.json").read_text())["label"]
@@ -205,11 +321,16 @@ def test_cli_oracle_and_compare_report_the_paired_difference(tiny_model_dir, tmp
     assert row.rstrip(" |").endswith(f"n={paired['n']}")
 
 
-def test_oracle_needs_a_tools_field(tiny_model_dir, tmp_path):
-    proc = run_cli("--data", "arithmetic", "--n", 2, "--model", tiny_model_dir, "--oracle", "--out", tmp_path / "o", *FAST)
-    assert proc.returncode != 0 and "--oracle needs a 'tools' field" in proc.stderr
-    proc = run_cli("--data", "planning", "--n", 2, "--model", tiny_model_dir, "--oracle", "--mode", "direct", "--out", tmp_path / "o")
+def test_oracle_needs_the_plan_fields_and_a_kind(tiny_model_dir, tmp_path):
+    proc = run_cli("--data", "arithmetic", "--n", 2, "--model", tiny_model_dir, "--oracle", "router", "--out", tmp_path / "o", *FAST)
+    assert proc.returncode != 0 and "--oracle router needs 'tools' fields" in proc.stderr
+    proc = run_cli("--data", "arithmetic", "--n", 2, "--model", tiny_model_dir, "--oracle", "planner", "--out", tmp_path / "o", *FAST)
+    assert proc.returncode != 0 and "--oracle planner needs 'tools' and 'sub_goals' fields" in proc.stderr
+    proc = run_cli("--data", "planning", "--n", 2, "--model", tiny_model_dir, "--oracle", "router", "--mode", "direct",
+                   "--out", tmp_path / "o")
     assert proc.returncode != 0 and "--oracle replaces the planner" in proc.stderr
+    proc = run_cli("--data", "planning", "--n", 2, "--model", tiny_model_dir, "--oracle", "always", "--out", tmp_path / "o")
+    assert proc.returncode != 0 and "--oracle must be router or planner" in proc.stderr
 
 
 def test_without_the_verifier_every_trajectory_runs_max_turns_and_fact_lookup_needs_no_executor():

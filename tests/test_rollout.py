@@ -128,6 +128,7 @@ def test_rollout_cli_prints_the_trajectory(tiny_model_dir):
     )
     assert out.returncode == 0, out.stderr[-2000:]
     assert "QUESTION: What is 4821 * 37?" in out.stdout and "turn 1" in out.stdout and "ANSWER" in out.stdout
+    assert "sizes (cpu, --sizes auto): max_turns 1," in out.stdout  # the CPU's sizes, the flag's max_turns on top
 
 
 def test_an_executor_that_never_writes_a_command_ends_the_trajectory_with_reward_0_and_is_counted():
@@ -151,3 +152,102 @@ def test_an_executor_that_never_writes_a_command_ends_the_trajectory_with_reward
     assert all(t.command == "" and t.result == "Error: the executor produced no command" for t in tr.turns)
     assert scoring.score(tr.final_output, {"answer": "178377", "task": "exact"}) == 0.0
     assert rollout_stats([tr])["empty_command_rate"] == 1.0
+
+
+# ---- the first-token tool choice: forced sub-goal prefix, the planner's Done, arithmetic sub-goals ----
+
+def test_a_first_token_choice_forces_the_rest_of_the_name_and_the_sub_goal_prefix_then_samples_the_sub_goal(tiny_engine):
+    """rollout.plan_chosen: response = the drawn tool token + "<rest of the name>\\nSub-Goal:" written by
+    the rollout (Turn.forced, log-prob placeholders 0.0) + a sub-goal sampled up to a newline, at most
+    planner_tokens - 1 tokens, whose recorded log-probs are the policy's given the forced tokens; the
+    tool call then reads that sub-goal."""
+    torch.manual_seed(0)
+    cfg = RolloutConfig(max_turns=1, temperature=0.7, tool_temperature=2.0, analysis_tokens=0, planner_tokens=6,
+                        executor_tokens=6, generator_tokens=4, verify=False, tools="Python_Coder,Fact_Lookup,Done")
+    tok, model = tiny_engine.tokenizer, tiny_engine.model
+    q = "Who founded Noullysk Foundry?"
+    trajs = rollout([q] * 8, tiny_engine, tiny_engine, Toolbox(cfg.tool_names(), llm=tiny_engine, python_timeout=5), cfg)
+    for tr in trajs:
+        turn = tr.turns[0]
+        name = tok(" " + turn.tool, add_special_tokens=False).input_ids
+        infix = name[1:] + tok(modules.SUB_GOAL_PREFIX, add_special_tokens=False).input_ids
+        n = len(infix)
+        assert turn.tool != "Done" and turn.response_ids[0] == name[0] and turn.valid_action
+        assert turn.response_ids[1:1 + n] == infix and turn.forced == tuple(range(1, 1 + n))
+        assert [turn.logprobs[p] for p in turn.forced] == [0.0] * n
+        sub = turn.response_ids[1 + n:]
+        assert 1 <= len(sub) <= cfg.planner_tokens - 1 and len(turn.logprobs) == len(turn.response_ids)
+        assert "\n" not in tok.decode(sub[:-1])  # sampled up to the end of a line
+        assert turn.planner_text == " " + turn.tool + modules.SUB_GOAL_PREFIX + tok.decode(sub, skip_special_tokens=True)
+        ids = torch.tensor([turn.prompt_ids + turn.response_ids])
+        with torch.no_grad():
+            logits = model(ids).logits[0, len(turn.prompt_ids) - 1: -1] / cfg.temperature
+        fresh = torch.log_softmax(logits.float(), -1).gather(1, torch.tensor(turn.response_ids)[:, None])[:, 0]
+        assert torch.allclose(fresh[1 + n:], torch.tensor(turn.logprobs[1 + n:]), atol=1e-4)
+        assert turn.sub_goal == modules.parse_action(modules.PLANNER_PREFIX + turn.planner_text, q, cfg.tool_names()).sub_goal
+        if turn.tool == "Fact_Lookup":  # the tool call reads the planner's own sub-goal
+            assert turn.command.startswith(turn.sub_goal)
+    # planner_tokens 1: the tool token alone, nothing forced, the question as sub-goal.
+    cfg.planner_tokens = 1
+    for tr in rollout([q] * 2, tiny_engine, tiny_engine, Toolbox(cfg.tool_names(), llm=tiny_engine, python_timeout=5), cfg):
+        assert len(tr.turns[0].response_ids) == 1 and tr.turns[0].forced == () and tr.turns[0].sub_goal == q
+
+
+def test_done_is_not_offered_on_turn_1_and_a_planner_that_picks_it_at_turn_2_ends_the_trajectory(tokenizer):
+    """The planner's Done (tools.py, kind "stop"): never among turn 1's choices; picked at turn 2 it ends
+    the trajectory there (stop_reason "planner") with a one-token response, no executor or tool call,
+    nothing added to the memory, and the generator answers from the steps so far."""
+    from conftest import make_tiny_model
+    from engine import HFEngine
+    from rollout import tool_choice_tokens
+
+    tools = ("Python_Coder", "Fact_Lookup", "Done")
+    python, lookup, done = tool_choice_tokens(tokenizer, tools)
+
+    class PicksDone(HFEngine):
+        """The tiny planner, except that it picks Done whenever Done is offered."""
+        offered = []
+
+        def generate(self, chats, choices=(), **kw):
+            self.offered.append(tuple(choices))
+            return super().generate(chats, choices=(done,) if done in choices else choices, **kw)
+
+    torch.manual_seed(0)
+    planner = PicksDone(make_tiny_model(len(tokenizer)), tokenizer)
+    frozen = ScriptedEngine([])
+    cfg = RolloutConfig(max_turns=3, temperature=0.7, tool_temperature=2.0, analysis_tokens=0, planner_tokens=4,
+                        executor_tokens=6, generator_tokens=4, verify=False, tools=",".join(tools))
+    trajs = rollout(["What is 4821 * 37?"] * 4, planner, frozen, Toolbox(tools, llm=frozen), cfg)
+    assert planner.offered == [(python, lookup), (python, lookup, done)]  # turn 1, then turn 2 (nobody is left for 3)
+    for tr in trajs:
+        first, stop = tr.turns
+        assert first.first_choices == (python, lookup) and first.tool in ("Python_Coder", "Fact_Lookup")
+        assert stop.tool == "Done" and stop.response_ids == [done] and len(stop.logprobs) == 1 and stop.forced == ()
+        assert stop.first_choices == (python, lookup, done) and stop.command == "" and stop.result == ""
+        assert tr.stop_reason == "planner" and len(tr.memory.steps) == 1 and tr.answer == "178377"
+    # The executor ran for turn 1's Python_Coder calls only; Fact_Lookup and Done need none.
+    assert sum(s == "You write Python code." for s in frozen.calls) == sum(tr.turns[0].tool == "Python_Coder" for tr in trajs)
+
+
+def test_a_python_coder_sub_goal_that_is_plain_arithmetic_runs_as_it_is_without_an_executor_call():
+    class WritesSubGoal(ScriptedEngine):
+        def __init__(self, sub_goal):
+            super().__init__([])
+            self.sub_goal = sub_goal
+
+        def generate(self, chats, **kw):
+            gens = super().generate(chats, **kw)
+            for chat, g in zip(chats, gens):
+                if "the next step of an agent" in chat[0]["content"]:
+                    g.text = f" Python_Coder\nSub-Goal: {self.sub_goal}"
+            return gens
+
+    cfg = RolloutConfig(max_turns=1, verify=False, analysis_tokens=0, tools="Python_Coder,Fact_Lookup")
+    eng = WritesSubGoal("57 + 1856")
+    [tr] = rollout(["What is 57 plus the year in which Noullysk Foundry was founded?"], eng, eng,
+                   Toolbox(cfg.tool_names(), llm=eng), cfg)
+    assert tr.turns[0].command == "print(57 + 1856)" and tr.turns[0].result.strip() == "1913"
+    assert "You write Python code." not in eng.calls
+    eng = WritesSubGoal("add 57 to the year")  # words: the executor writes the program
+    [tr] = rollout(["What is 4821 * 37?"], eng, eng, Toolbox(cfg.tool_names(), llm=eng), cfg)
+    assert tr.turns[0].command == "print(4821 * 37)" and "You write Python code." in eng.calls

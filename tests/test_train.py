@@ -15,7 +15,7 @@ from safetensors.torch import load_file
 import modules
 import train
 from conftest import ROOT, make_tiny_model
-from engine import encode_chat
+from engine import HFEngine, encode_chat
 from memory import Memory
 
 TOOLS = ("Python_Coder", "Local_Search", "Base_Generator")
@@ -48,6 +48,18 @@ def tool_probabilities(model, tokenizer, query):
             logp = torch.log_softmax(model(ids).logits[0, len(prompt) - 1:-1].float(), -1)
             probs[tool] = logp.gather(1, torch.tensor(target)[:, None]).sum().exp().item()
     return probs
+
+
+def sampled_tool_shares(model, tokenizer, query, n=256, temperature=0.7) -> dict:
+    """Share of n sampled planner actions (the training temperature) that modules.parse_action reads as
+    each tool: what the reward sees. The exact name's probability (tool_probabilities) is not: the
+    policy also earns the reward with spellings the tolerant parser accepts ("LocalSearchSearch")."""
+    torch.manual_seed(0)
+    chat = modules.planner_prompt(query, "", TOOLS, Memory())
+    gens = HFEngine(model, tokenizer, max_batch=n).generate([chat] * n, max_new_tokens=6, temperature=temperature,
+                                                            prefix=modules.PLANNER_PREFIX, stop=modules.PLANNER_STOP)
+    tools = [modules.parse_action(modules.PLANNER_PREFIX + g.text, query, TOOLS).tool for g in gens]
+    return {t: tools.count(t) / n for t in TOOLS}
 
 
 def at_chance(probs) -> bool:
@@ -103,25 +115,28 @@ def test_flow_grpo_raises_the_rewarded_tool_from_chance_to_above_0_9(tokenizer, 
     model.save_pretrained(start)
     tokenizer.save_pretrained(start)
 
-    # 2. Flow-GRPO with a reward that pays when the planner picks Local_Search: 25 steps, and if the
-    #    probability is not yet above 0.9 (how fast it rises also follows the floating-point path),
-    #    up to 25 more by --resume. The planner sees the warm-up's tool list.
+    # 2. Flow-GRPO with a reward that pays when the planner picks Local_Search, 10 steps at a time
+    #    (--resume) until 90% of its sampled actions pick it, at most 40 steps: how fast the share
+    #    rises also follows the floating-point path. The planner sees the warm-up's tools. What is
+    #    measured is the share the reward sees, not the exact name's probability: with other seeds
+    #    the policy earned reward 1.0 while writing "LocalSearchSearch", which the parser reads as
+    #    Local_Search and the exact name's probability counts as 0.
+    assert sampled_tool_shares(model, tokenizer, query)["Local_Search"] < 0.6, before
     reward = lambda tr: float(tr.turns[0].tool == "Local_Search")  # noqa: E731
     run = tmp_path / "run"
-    cfg, _ = train.parse_args(TINY + ["--model", str(start), "--out", str(run), "--group-size", "8", "--tools", ",".join(TOOLS),
-                                       "--max-turns", "1", "--steps", "25", "--lr", "2e-3", "--kl-coef", "0",
-                                       "--checkpoint-every", "25"])
-    train.train(cfg, reward_fn=reward)
-    steps, after = 25, {}
+    cfg, given = train.parse_args(TINY + ["--model", str(start), "--out", str(run), "--group-size", "8", "--tools",
+                                           ",".join(TOOLS), "--max-turns", "1", "--steps", "10", "--lr", "2e-3",
+                                           "--kl-coef", "0", "--checkpoint-every", "10"])
+    steps = 10
     while True:
+        train.train(cfg, reward_fn=reward, given=given)
         trained = type(model).from_pretrained(run / "checkpoints" / f"step-{steps:06d}" / "planner").eval()
-        after = tool_probabilities(trained, tokenizer, query)
-        if after["Local_Search"] >= 0.9 or steps >= 50:
+        after = sampled_tool_shares(trained, tokenizer, query)
+        if after["Local_Search"] >= 0.9 or steps >= 40:
             break
-        steps += 25
-        cfg, _ = train.parse_args(["--resume", str(run), "--steps", str(steps)])
-        train.train(cfg, reward_fn=reward)
-    assert after["Local_Search"] >= 0.9, f"after {steps} steps of Flow-GRPO: {after} (before: {before})"
+        steps += 10
+        cfg, given = train.parse_args(["--resume", str(run), "--steps", str(steps)])
+    assert after["Local_Search"] >= 0.9, f"after {steps} steps of Flow-GRPO, sampled shares {after} (before: {before})"
     lines = [json.loads(l) for l in (run / "metrics.jsonl").read_text().splitlines()]
     assert [m["step"] for m in lines] == list(range(1, steps + 1))
     assert lines[-1]["reward_mean"] > lines[0]["reward_mean"]
