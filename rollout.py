@@ -251,8 +251,9 @@ def plan_chosen(planner, chats, t: int, choices, tools, cfg) -> list[Turn]:
 
 
 def _question(chat) -> str:
-    """The question of a planner prompt (its "Question: ..." line)."""
-    found = re.search(r"^Question: (.*)$", chat[-1]["content"], flags=re.M)
+    """The question of a planner prompt: all of it, up to the analysis or the steps (a question may hold
+    several lines, and the sub-goal falls back to the whole question)."""
+    found = re.search(r"^Question: (.*?)\n(?:Analysis: |\nSteps so far:)", chat[-1]["content"], flags=re.M | re.S)
     return found.group(1) if found else ""
 
 
@@ -366,6 +367,10 @@ def rollout(queries, planner, frozen, toolbox: Toolbox, cfg: RolloutConfig, exam
     return trajs
 
 
+def _is_stop(tool: str) -> bool:
+    return tool in TOOLS and TOOLS[tool].kind == "stop"
+
+
 def rollout_stats(trajs) -> dict:
     """Counts a training or evaluation log needs: turns, tool use, tool errors, invalid actions."""
     turns = [t for tr in trajs for t in tr.turns]
@@ -373,7 +378,8 @@ def rollout_stats(trajs) -> dict:
     stats = {
         "turns_per_traj": len(turns) / max(len(trajs), 1),
         "invalid_action_rate": sum(not t.valid_action for t in turns) / n_turns,
-        "empty_command_rate": sum(t.valid_action and not t.command for t in turns) / n_turns,
+        # The planner's Done is a valid action with no command by design: not an empty command.
+        "empty_command_rate": sum(t.valid_action and not t.command and not _is_stop(t.tool) for t in turns) / n_turns,
         "tool_calls": {},
         "tool_errors": {},
     }

@@ -1,33 +1,55 @@
-"""demo.py end to end on the tiny model with tiny sizes: it writes the table as markdown and JSON and
-the learning curve as a PNG.  Run: python -m pytest -q tests/test_demo.py
+"""demo.py end to end on the tiny model with tiny sizes: every row of the table (the fixed sequences,
+both oracles, the --credit last ablation), the table as markdown and JSON, the learning curve as a
+PNG and the training speed.  Run: python -m pytest -q tests/test_demo.py
 """
 
 import json
 import subprocess
 import sys
 
+import demo
 from conftest import ROOT
+from environment import tasks
+
+
+def test_fixed_plans_are_every_sequence_of_the_tools_up_to_max_turns_without_done():
+    P, F = "Python_Coder", "Fact_Lookup"
+    assert demo.fixed_plans([P, F, "Done"], 2) == [(P,), (F,), (P, P), (P, F), (F, P), (F, F)]
+    assert demo.fixed_plans([P, F], 1) == [(P,), (F,)]  # cpu-demo: one turn, the single tools
 
 
 def test_demo_writes_the_table_and_the_learning_curve(tiny_model_dir, tmp_path):
+    """The cpu-plan preset (two turns, Done), so that every row runs: its six fixed sequences, both
+    oracles and the last-turn-credit ablation beside the trained agent."""
     out = tmp_path / "demo"
-    res = subprocess.run([sys.executable, "demo.py", "--model", str(tiny_model_dir), "--n", "5", "--steps", "1", "--baselines", "all",
-                          "--out", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    res = subprocess.run([sys.executable, "demo.py", "--preset", "cpu-plan", "--model", str(tiny_model_dir), "--n", "5",
+                          "--steps", "1", "--baselines", "all", "--out", str(out)],
+                         cwd=ROOT, capture_output=True, text=True, timeout=900)
     assert res.returncode == 0, res.stderr[-3000:]
     entries = json.loads((out / "results.json").read_text())
-    systems = {e["system"] for e in entries}
-    assert systems == {"base model alone", "AgentFlow, untrained planner", "AgentFlow, fixed plan: Python_Coder",
-                       "AgentFlow, fixed plan: Fact_Lookup", "AgentFlow, fixed plan: Local_Search",
-                       "AgentFlow, oracle router", "AgentFlow + Flow-GRPO"}  # a fixed plan per tool of the preset
+    fixed = {demo.FIXED + " then ".join(plan) for plan in demo.fixed_plans(["Python_Coder", "Fact_Lookup"], 2)}
+    assert "AgentFlow, fixed plan: Fact_Lookup then Python_Coder" in fixed and len(fixed) == 6
+    assert {e["system"] for e in entries} == {demo.BASE, demo.UNTRAINED, *fixed, demo.ROUTER, demo.ORACLE, demo.LAST,
+                                              demo.TRAINED}
     for e in entries:
         assert {"system", "suite", "accuracy", "ci95_low", "ci95_high", "n"} <= e.keys()
         assert 0 <= e["ci95_low"] <= e["accuracy"] <= e["ci95_high"] <= 1
         # Every row but the trained one carries "trained minus this row", paired on the same questions.
-        if e["system"] != "AgentFlow + Flow-GRPO":
+        if e["system"] != demo.TRAINED:
             d = e["minus_last"]
-            assert d["system"] == "AgentFlow + Flow-GRPO" and d["n"] == e["n"]
+            assert d["system"] == demo.TRAINED and d["n"] == e["n"]
             assert -1 <= d["ci95_low"] <= d["difference"] <= d["ci95_high"] <= 1
-    assert {e["suite"] for e in entries} == {"calculation", "fact", "two-step", "all"}
-    assert "AgentFlow + Flow-GRPO minus this row" in (out / "results.md").read_text()
-    assert "AgentFlow + Flow-GRPO" in (out / "results.md").read_text()
+    assert {e["suite"] for e in entries} == {"calculation", "fact", "fact-then-sum", "two-hop", "all"}
+    # The oracle planner follows each question's plan within the two turns: a step and Done, or two steps.
+    plan = {e["query"]: (e["tools"] + ["Done"])[:2] for e in tasks.load("planning", n=5)}
+    records = [json.loads(line) for line in (out / "eval-oracle-planner" / "results.jsonl").read_text().splitlines()]
+    assert len(records) == 5 and all([t["tool"] for t in r["trajectory"]["turns"]] == plan[r["query"]] for r in records)
+    # The ablation trained with --credit last, the trained agent with the broadcast.
+    assert json.loads((out / "train-last" / "config.json").read_text())["credit"] == "last"
+    assert json.loads((out / "train" / "config.json").read_text())["credit"] == "broadcast"
+    markdown = (out / "results.md").read_text()
+    assert f"{demo.TRAINED} minus this row" in markdown and "trajectories a minute" in markdown
+    timing = json.loads((out / "timing.json").read_text())
+    assert set(timing["trajectories_per_minute"]) == {"last-turn credit", "broadcast"}
+    assert all(v > 0 for v in timing["trajectories_per_minute"].values())
     assert (out / "learning_curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -227,6 +227,13 @@ def test_done_is_not_offered_on_turn_1_and_a_planner_that_picks_it_at_turn_2_end
         assert tr.stop_reason == "planner" and len(tr.memory.steps) == 1 and tr.answer == "178377"
     # The executor ran for turn 1's Python_Coder calls only; Fact_Lookup and Done need none.
     assert sum(s == "You write Python code." for s in frozen.calls) == sum(tr.turns[0].tool == "Python_Coder" for tr in trajs)
+    # Done has no command by design: not an "empty command" in the evaluation's or the training's figures.
+    from accelerate import Accelerator
+    from bookkeeping.metrics import new_update_sums, step_metrics
+    assert rollout_stats(trajs)["empty_command_rate"] == 0.0 and rollout_stats(trajs)["tool_calls"]["Done"] == 4
+    m = step_metrics(1, trajs, torch.tensor([1.0, 0.0, 0.0, 0.0]), [0] * 4, 0, new_update_sums(), 0.0, 0.0,
+                     Accelerator(cpu=True), tools)
+    assert m["empty_command_rate"] == 0.0 and m["turns_per_traj"] == 2.0
 
 
 def test_a_python_coder_sub_goal_that_is_plain_arithmetic_runs_as_it_is_without_an_executor_call():
@@ -251,3 +258,17 @@ def test_a_python_coder_sub_goal_that_is_plain_arithmetic_runs_as_it_is_without_
     eng = WritesSubGoal("add 57 to the year")  # words: the executor writes the program
     [tr] = rollout(["What is 4821 * 37?"], eng, eng, Toolbox(cfg.tool_names(), llm=eng), cfg)
     assert tr.turns[0].command == "print(4821 * 37)" and "You write Python code." in eng.calls
+
+
+def test_a_question_of_several_lines_is_the_whole_fallback_sub_goal():
+    """A planner action without a sub-goal falls back to the question, read back from the planner
+    prompt: all of its lines, so that Fact_Lookup gets the question itself as its command."""
+    import evaluate
+
+    q = "Who founded Noullysk Foundry?\nReply with a name."
+    for analysis_tokens in (0, 4):  # the prompt's question is followed by the steps, or by an analysis
+        eng = ScriptedEngine([])
+        cfg = RolloutConfig(max_turns=2, verify=False, analysis_tokens=analysis_tokens, tools="Fact_Lookup,Python_Coder")
+        [tr] = rollout([q], evaluate.FixedPlan("Fact_Lookup"), eng, Toolbox(cfg.tool_names(), llm=eng), cfg)
+        assert [(t.sub_goal, t.command) for t in tr.turns] == [(q, q)] * 2
+        assert tr.turns[0].result == "founder of Noullysk Foundry: Brukras Veirtha"

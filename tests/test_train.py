@@ -161,21 +161,24 @@ def test_filter_groups_trains_only_the_groups_whose_rewards_differ(tiny_model_di
 
 
 def test_kinds_give_every_step_as_many_questions_of_each_kind_and_walk_through_each_kind():
-    # --kinds (the cpu-demo: calculation,fact): 2 of each kind in every step of 4, no question again
-    # before its kind's pool is used up; without --kinds the one shuffle of all questions, as before.
+    # --kinds (the cpu-plan preset's four): 2 of each kind in every step of 8, no question again before
+    # its kind's pool is used up; without --kinds the one shuffle of all questions, as before.
+    from config import PRESETS
     from environment import tasks
 
+    kinds = ["calculation", "fact", "fact-then-sum", "two-hop"]
+    assert PRESETS["cpu-plan"]["kinds"] == ",".join(kinds)
     examples = tasks.load("planning", split="train", seed=0)
-    cfg, _ = train.parse_args(["--data", "planning", "--questions-per-step", "4", "--mini-batch-questions", "4",
-                               "--kinds", "calculation,fact"])
+    cfg, _ = train.parse_args(["--data", "planning", "--questions-per-step", "8", "--mini-batch-questions", "8",
+                               "--kinds", ",".join(kinds)])
     steps = [train.questions_for_step(examples, cfg, s, 0, 1) for s in range(1, 21)]
-    assert all([e["kind"] for e in q] == ["calculation", "calculation", "fact", "fact"] for q in steps)
+    assert all([e["kind"] for e in q] == [k for k in kinds for _ in range(2)] for q in steps)
     queries = [e["query"] for q in steps for e in q]
-    assert len(set(queries)) == len(queries) == 80  # 40 of each kind, none twice within the pools' first epoch
-    assert [e["query"] for e in train.questions_for_step(examples, cfg, 1, 1, 2)] == queries[1:4:2]  # rank 1 of 2
+    assert len(set(queries)) == len(queries) == 160  # 40 of each kind, none twice within the pools' first epoch
+    assert [e["query"] for e in train.questions_for_step(examples, cfg, 1, 1, 2)] == queries[1:8:2]  # rank 1 of 2
     plain, _ = train.parse_args(["--data", "planning", "--questions-per-step", "4", "--mini-batch-questions", "4"])
-    kinds = {e["kind"] for s in range(1, 11) for e in train.questions_for_step(examples, plain, s, 0, 1)}
-    assert kinds == {"calculation", "fact", "two-step"}
+    seen = {e["kind"] for s in range(1, 11) for e in train.questions_for_step(examples, plain, s, 0, 1)}
+    assert seen == set(kinds)
 
 
 def test_kinds_that_the_data_does_not_have_are_refused_with_the_kinds_it_has(tiny_model_dir, tmp_path):
@@ -183,6 +186,57 @@ def test_kinds_that_the_data_does_not_have_are_refused_with_the_kinds_it_has(tin
                                        "--kinds", "trivia"])
     with pytest.raises(SystemExit, match="--kinds trivia: no training question .* its kinds are"):
         train.train(cfg)
+
+
+# ---- the rows a step trains: forced tokens, credit --------------------------------------------
+
+def _turn(n, forced=(), advantage=1.0):
+    from rollout import Turn
+    return Turn(list(range(3, 13)), list(range(20, 20 + n)), [-1.0] * n, "", "Fact_Lookup", "", "", True, False,
+                advantage=advantage, traj_turns=1, forced=tuple(forced))
+
+
+def test_collate_masks_exactly_the_forced_positions():
+    """The tokens the rollout wrote (the rest of the tool's name, "\nSub-Goal:") get loss mask 0; every
+    sampled token gets 1; left padding 0. Positions count in the response, right-aligned in the row."""
+    rows = [_turn(7, forced=(1, 2, 3)), _turn(4), _turn(1)]
+    batch = train.collate(rows, 0, "cpu")
+    assert batch["mask"].tolist() == [[1, 0, 0, 0, 1, 1, 1],
+                                      [0, 0, 0, 1, 1, 1, 1],
+                                      [0, 0, 0, 0, 0, 0, 1]]
+
+
+def test_the_token_mean_normaliser_leaves_the_forced_positions_out():
+    """With pi_theta = pi_old (ratio 1) and no KL, a token-mean loss is -A exactly when its normaliser
+    counts the sampled tokens only: 2 sampled + 3 forced would give -2A/5 if the forced ones counted."""
+    import types
+    from accelerate import Accelerator
+    from flow_grpo import token_logprobs
+
+    model = make_tiny_model(100)
+    row = _turn(5, forced=(1, 2, 3), advantage=0.8)
+    with torch.no_grad():  # pi_old := pi_theta, so that the ratio is 1 on every token
+        batch = train.collate([row], 0, "cpu")
+        row.logprobs = token_logprobs(train.forward(model, batch), batch["targets"], 0.7)[0].tolist()
+    cfg = types.SimpleNamespace(epochs=1, agg="token-mean", micro_batch_rows=4, temperature=0.7, clip_low=0.2,
+                                clip_high=0.3, clip_c=0.0, kl_kind="low_var_kl", kl_coef=0.0, grad_clip=1.0,
+                                tool_temperature=0.0)
+    sums = train.update(cfg, Accelerator(cpu=True), model, torch.optim.SGD(model.parameters(), lr=0.0), [[row]], 0)
+    assert abs(sums["loss"] - (-0.8)) < 1e-5
+
+
+def test_credit_last_trains_exactly_one_row_per_trajectory():
+    """--credit last (the ablation of the broadcast): each trajectory's last turn is its only training
+    row, with the trajectory's advantage; --credit broadcast trains every turn."""
+    from rollout import Trajectory
+
+    trajs = [Trajectory(f"q{i // 2}", turns=[_turn(3) for _ in range(n)]) for i, n in enumerate([2, 1, 3, 2])]
+    rewards, group_of = [1.0, 0.0, 0.0, 1.0], [0, 0, 1, 1]  # one right and one wrong in each group
+    every = train.training_rows(trajs, rewards, group_of, train.parse_args(["--credit", "broadcast"])[0])
+    assert [id(t) for t, _ in every] == [id(t) for tr in trajs for t in tr.turns]  # the same Turn objects
+    last = train.training_rows(trajs, rewards, group_of, train.parse_args(["--credit", "last"])[0])
+    assert [id(t) for t, _ in last] == [id(tr.turns[-1]) for tr in trajs] and [g for _, g in last] == group_of
+    assert [t.advantage > 0 for t, _ in last] == [True, False, False, True]
 
 
 # ---- checkpoints and resume -------------------------------------------------------------------
@@ -240,6 +294,7 @@ def test_two_processes_keep_identical_parameters(tiny_model_dir, tmp_path):
     (["--questions-per-step", "3", "--mini-batch-questions", "2"], "multiple"),
     (["--questions-per-step", "4", "--mini-batch-questions", "4", "--kinds", "a,b,c"], "multiple of the 3 --kinds"),
     (["--tool-temperature", "-1"], "--tool-temperature"),
+    (["--credit", "first"], "choose broadcast or last"),
 ])
 def test_bad_settings_fail_before_any_work_with_what_to_change(args, words):
     res = subprocess.run([sys.executable, "train.py", "--model", "/nonexistent", *args], cwd=ROOT,
