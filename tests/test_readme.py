@@ -1,8 +1,9 @@
 """Every command of the README's code blocks runs, shortened, so that none breaks unseen; and each
 says how long it takes.
 
-The commands run as the README writes them, in the README's order, in one scratch folder (the
-evaluation of runs/cpu's checkpoint needs the training run that makes it), each with the changes of
+The commands run as the README writes them, in the README's order, in one scratch folder that links
+to the repository's files, as if it were the repository (the evaluation of runs/cpu's checkpoint
+needs the training run that makes it, and nothing is written into the repository), each with the changes of
 its rule in RULES: the tiny random-weight model for the embedded one, 2 questions for 50, one or two
 training steps for twenty. A command that no rule knows fails the test: add a rule, or the reason it
 cannot run here, when you add a command to the README.
@@ -119,8 +120,11 @@ def test_every_readme_command_says_how_long_it_takes():
 
 def test_every_readme_command_runs_shortened(tiny_model_dir, tmp_path):
     assert TRAIN_ALONE in README, "the README's training command moved: update TRAIN_ALONE"
+    for entry in ROOT.iterdir():  # the repository's files, its runs/ and tests/ left out
+        if not entry.name.startswith(".") and entry.name not in ("runs", "tests"):
+            (tmp_path / entry.name).symlink_to(entry)
     (tmp_path / "snippet.py").write_text("print(6 * 7)\n")  # `python tools.py run-python snippet.py`
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
     ran, skipped = [], []
     for command in [TRAIN_ALONE] + [c for c, _ in readme_commands()]:
         extra, runs = split(command)
@@ -129,10 +133,8 @@ def test_every_readme_command_runs_shortened(tiny_model_dir, tmp_path):
             if isinstance(todo, str):
                 skipped.append((" ".join(argv), todo))
                 continue
-            # A script by its path in the repository (the scratch folder is the working directory).
-            program = [str(ROOT / todo[0]), *todo[1:]] if todo[0].endswith(".py") else todo
-            res = subprocess.run([sys.executable, *program], cwd=tmp_path, env={**env, **extra}, capture_output=True,
+            res = subprocess.run([sys.executable, *todo], cwd=tmp_path, env={**env, **extra}, capture_output=True,
                                  text=True, timeout=300)
             assert res.returncode == 0, f"README: {command}\nran: {' '.join(todo)}\n{res.stderr[-3000:]}"
             ran.append(" ".join(todo))
-    assert len(ran) >= 12 and len(skipped) <= 10, (ran, skipped)
+    assert len(ran) >= 12, (ran, skipped)  # the CPU commands ran, not only the skipped ones
