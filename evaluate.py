@@ -16,10 +16,10 @@ Two systems are measured on the same questions:
   weights) plays every part; with --checkpoint the planner comes from train.py's checkpoint and the
   frozen modules from the base model it was trained with (state.json's config.model).
 
-A third system is a baseline for what training can learn: --fixed-tool NAME replaces the planner by a
-rule (FixedPlan) that calls NAME every turn with the question as the sub-goal; --oracle replaces it by
-the oracle router (OraclePlan): each question's right tools, named by its example, in order, with the
-question as the sub-goal: the ceiling of routing alone. --compare's last column is the last system
+A third system is a baseline for what training can learn, a planner that is a rule (baselines.py):
+--fixed-tool A,B calls A then B with the question as the sub-goal, then Done; --oracle router the
+right first tool of each question (the ceiling of routing alone); --oracle planner each question's
+right tools with hand-written sub-goals (the ceiling of the frozen modules and tools). --compare's last column is the last system
 minus each other one, paired on the same questions (bookkeeping/report.py: paired_difference).
 
 Accuracy is a proportion k/n, so each number comes with a 95% Wilson score interval (ASCII math):
@@ -48,7 +48,6 @@ Test: python -m pytest -q tests/test_evaluate.py
 
 import argparse
 import json
-import re
 import sys
 import time
 from collections import Counter
@@ -63,10 +62,11 @@ import modules
 from scaleout import remote_engine
 from environment import scoring, tasks
 from bookkeeping.models import EMBEDDED, load_model
-from engine import Generation, HFEngine
+from engine import HFEngine
 from rollout import SIZES, RolloutConfig, Trajectory, add_arguments, arg, describe_sizes, machine_sizes, rollout, rollout_stats
 from bookkeeping.report import compare, wilson, write_html
-from tools import TOOLS, Toolbox, set_sandbox
+from baselines import FixedPlan, OraclePlan, fixed_plan
+from tools import Toolbox, set_sandbox
 from config import PRESETS
 
 
@@ -112,74 +112,6 @@ def _proportion(scores) -> dict:
 
 # ---------------------------------------------------------------------------------------------
 # Running the questions
-
-
-class FixedPlan:
-    """A planner that is a rule, not a model: a fixed sequence of tools, one a turn, with the question as
-    the sub-goal; once the sequence is done it stops (Done, when the tool list offers it) or calls the
-    last tool again.
-
-    The baseline that tells what training added beyond "follow one plan for every question": its
-    action text is just the tool name, so modules.parse_action gives the executor the question itself
-    as the sub-goal and no context, the same action a trained planner that learned only the tools
-    would take. It reads which turn a prompt is for from the prompt's "Step k:" lines.
-    """
-
-    tokens_generated = 0  # no model: nothing generated, nothing trained
-
-    def __init__(self, tools, offered=()):
-        # "A,B" as --fixed-tool writes it, or a sequence; " A,B" as one action would name no tool.
-        self.tools = [t.strip() for t in tools.split(",") if t.strip()] if isinstance(tools, str) else list(tools)
-        self.stop = next((t for t in offered if TOOLS[t].kind == "stop"), "")
-
-    def generate(self, chats, **kwargs) -> list[Generation]:
-        return [Generation(" " + _next(self.tools, _steps_done(chat), self.stop)) for chat in chats]
-
-
-class OraclePlan:
-    """An oracle: a planner that knows each question's right plan (its example's "tools", in order, and
-    "sub_goals"), then stops (Done, when offered).
-
-    kind "router": the right FIRST tool with the question as the sub-goal, one turn: the ceiling of
-    routing alone, what a planner reaches that picks the right tool but writes nothing of its own.
-    kind "planner": every step of the right plan with its hand-written sub-goal ("founder of X", then
-    "birth city of <the founder>", written from the example's known intermediate result): the ceiling
-    of the frozen modules and tools, what a planner that also writes the right sub-goals reaches.
-    It reads which question and which turn a prompt is for from the prompt itself (its "Question: ..."
-    line and the "Step k:" lines of the memory).
-    """
-
-    tokens_generated = 0
-
-    def __init__(self, examples, kind: str = "router", offered=()):
-        if kind not in ("router", "planner"):
-            raise ValueError(f"oracle kind must be router or planner, got {kind!r}")
-        self.kind = kind
-        self.by_query = {ex["query"]: ex for ex in examples}
-        self.stop = next((t for t in offered if TOOLS[t].kind == "stop"), "")
-
-    def generate(self, chats, **kwargs) -> list[Generation]:
-        out = []
-        for chat in chats:
-            text = chat[-1]["content"]
-            ex = next((e for q, e in self.by_query.items() if re.search(f"^Question: {re.escape(q)}$", text, flags=re.M)), None)
-            tools = (ex["tools"] if ex else ["(no oracle tool)"])[: 1 if self.kind == "router" else None]
-            done = _steps_done(chat)
-            action = _next(tools, done, self.stop)
-            if self.kind == "planner" and ex and done < len(tools):
-                action += f"\nSub-Goal: {ex['sub_goals'][done]}"
-            out.append(Generation(" " + action))
-        return out
-
-
-def _steps_done(chat) -> int:
-    """How many steps the memory of a planner prompt holds (its "Step k:" lines)."""
-    return max([int(k) for k in re.findall(r"^Step (\d+):", chat[-1]["content"], flags=re.M)], default=0)
-
-
-def _next(tools, done: int, stop: str) -> str:
-    """The tool of turn done + 1 of a fixed sequence: the next one, else stop (or the last again)."""
-    return tools[done] if done < len(tools) else (stop or tools[-1])
 
 
 def evaluate_examples(examples, planner, frozen, cfg: RolloutConfig, mode, toolbox, batch_size,
@@ -354,7 +286,7 @@ def parse_args(argv=None) -> tuple[EvalConfig, argparse.Namespace]:
         tools = cfg.tool_names()
     except ValueError as e:
         parser.error(str(e))
-    plan = [t.strip() for t in cfg.fixed_tool.split(",") if t.strip()]
+    plan = fixed_plan(cfg.fixed_tool)
     if cfg.fixed_tool and (cfg.mode != "agent" or cfg.checkpoint or not plan or not set(plan) <= set(tools)):
         parser.error(f"--fixed-tool takes tools of --tools ({', '.join(tools)}), comma-separated, in --mode agent, without "
                      f"--checkpoint (it replaces the planner); got {cfg.fixed_tool!r}")
@@ -430,7 +362,7 @@ def main(argv=None):
         frozen = HFEngine(*load_model(cfg.frozen_model, dtype=dtype, device=device), speedups=cfg.speedups,
                           max_batch=cfg.max_batch)
     if cfg.fixed_tool:
-        planner = FixedPlan(cfg.fixed_tool.split(","), offered=cfg.tool_names())
+        planner = FixedPlan(cfg.fixed_tool, offered=cfg.tool_names())
     elif cfg.oracle:
         planner = OraclePlan(examples, cfg.oracle, offered=cfg.tool_names())
     print(f"models loaded in {time.perf_counter() - t0:.1f} s on {device} in {str(dtype).removeprefix('torch.')}", file=sys.stderr)

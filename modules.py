@@ -238,14 +238,14 @@ def parse_command(text, tool: str) -> str:
     return value.strip().strip("\"'").strip()[:300]
 
 
-_ARITHMETIC = re.compile(r"^[\d\s.,()]*\d[\d\s.,()]*(?:[-+*/]+[\d\s.,()]*\d[\d\s.,()]*)+$")
+_ARITHMETIC = re.compile(r"^[\d\s.()]*\d[\d\s.()]*(?:[-+*/]+[\d\s.()]*\d[\d\s.()]*)+$")
 
 
 def is_arithmetic(text) -> bool:
     """A sub-goal that is plain arithmetic on numbers ("57 + 1856", "4821 * 37"), which Python_Coder
     runs as print(<sub-goal>) without an executor call: the frozen 135M executor garbles such a
     sub-goal a third of the time (it prints it as a string)."""
-    return isinstance(text, str) and bool(_ARITHMETIC.match(text.strip())) and "," not in text and _compiles(text.strip())
+    return isinstance(text, str) and bool(_ARITHMETIC.match(text.strip())) and _compiles(text.strip())
 
 
 def _compiles(code: str) -> bool:

@@ -35,8 +35,6 @@ Run:  python rollout.py --question "What is 4821 * 37?"
 """
 
 import argparse
-import dataclasses
-import re
 import time
 from dataclasses import dataclass, field, fields
 
@@ -46,7 +44,7 @@ import modules
 from bookkeeping.models import EMBEDDED, load_model
 from engine import HFEngine
 from memory import Memory
-from tools import OFFLINE_TOOLS, TOOLS, Toolbox, check_tool_names, is_error, set_sandbox
+from tools import OFFLINE_TOOLS, TOOLS, Toolbox, check_tool_names, is_error, is_stop, set_sandbox
 
 
 def arg(default, help: str):
@@ -206,19 +204,19 @@ def tool_choice_tokens(tokenizer, tools) -> tuple[int, ...]:
     return tuple(ids)
 
 
-def plan_free(planner, chats, tools, cfg) -> list[Turn]:
+def plan_free(planner, chats, queries, tools, cfg) -> list[Turn]:
     """The action as free text after "Tool Name:", parsed by modules.parse_action (the official way)."""
     gens = planner.generate(chats, max_new_tokens=cfg.planner_tokens, temperature=cfg.temperature,
                             prefix=modules.PLANNER_PREFIX, stop=modules.PLANNER_STOP)
     turns = []
-    for chat, g in zip(chats, gens):
-        a = modules.parse_action(modules.PLANNER_PREFIX + g.text, _question(chat), tools)
+    for query, g in zip(queries, gens):
+        a = modules.parse_action(modules.PLANNER_PREFIX + g.text, query, tools)
         turns.append(Turn(g.prompt_ids, g.response_ids, g.logprobs, g.text, a.tool, a.sub_goal, a.context, a.valid,
                           g.truncated))
     return turns
 
 
-def plan_chosen(planner, chats, t: int, choices, tools, cfg) -> list[Turn]:
+def plan_chosen(planner, chats, queries, t: int, choices, tools, cfg) -> list[Turn]:
     """--tool-temperature: the tool drawn as one token among the listed tools' first tokens, then the
     sub-goal written after a forced "<rest of the tool's name>\nSub-Goal:", up to a line's end.
 
@@ -228,33 +226,26 @@ def plan_chosen(planner, chats, t: int, choices, tools, cfg) -> list[Turn]:
 
     One training row per turn: response = choice + forced + sub-goal. The stop action (Done) is not
     offered on turn 1 (there is nothing to answer from yet) and writes no sub-goal."""
-    offered = tuple(c for c, name in zip(choices, tools) if t > 1 or TOOLS[name].kind != "stop")
+    offered = tuple(c for c, name in zip(choices, tools) if t > 1 or not is_stop(name))
     picks = planner.generate(chats, max_new_tokens=1, temperature=cfg.temperature, prefix=modules.PLANNER_PREFIX,
                              choices=offered, choice_temperature=cfg.tool_temperature)
     tool_of = [tools[choices.index(g.response_ids[0])] for g in picks]
-    write = [i for i, tool in enumerate(tool_of) if TOOLS[tool].kind != "stop" and cfg.planner_tokens > 1]
+    write = [i for i, tool in enumerate(tool_of) if not is_stop(tool) and cfg.planner_tokens > 1]
     infix = {tool: planner.tokenizer(" " + tool, add_special_tokens=False).input_ids[1:]
              + planner.tokenizer(modules.SUB_GOAL_PREFIX, add_special_tokens=False).input_ids for tool in set(tool_of)}
     prompts = [picks[i].prompt_ids + picks[i].response_ids + infix[tool_of[i]] for i in write]
     sub = dict(zip(write, planner.generate_batched(prompts, cfg.planner_tokens - 1, cfg.temperature, 1.0,
                                                    modules.LINE_STOP, (), 1.0))) if write else {}
     turns = []
-    for i, (chat, g, tool) in enumerate(zip(chats, picks, tool_of)):
+    for i, (query, g, tool) in enumerate(zip(queries, picks, tool_of)):
         forced, rest = (infix[tool], sub[i]) if i in sub else ([], None)
         text = " " + tool + (modules.SUB_GOAL_PREFIX + rest.text if rest else "")
-        a = modules.parse_action(modules.PLANNER_PREFIX + text, _question(chat), tools)
+        a = modules.parse_action(modules.PLANNER_PREFIX + text, query, tools)
         turns.append(Turn(g.prompt_ids, g.response_ids + forced + (rest.response_ids if rest else []),
                           g.logprobs + [0.0] * len(forced) + (rest.logprobs if rest else []), text, tool, a.sub_goal,
                           a.context, True, bool(rest and rest.truncated), first_choices=offered,
                           forced=tuple(range(1, 1 + len(forced)))))
     return turns
-
-
-def _question(chat) -> str:
-    """The question of a planner prompt: all of it, up to the analysis or the steps (a question may hold
-    several lines, and the sub-goal falls back to the whole question)."""
-    found = re.search(r"^Question: (.*?)\n(?:Analysis: |\nSteps so far:)", chat[-1]["content"], flags=re.M | re.S)
-    return found.group(1) if found else ""
 
 
 def execute(need, frozen, cfg) -> None:
@@ -294,21 +285,23 @@ def rollout(queries, planner, frozen, toolbox: Toolbox, cfg: RolloutConfig, exam
         _tick(trajs, "analysis", t0)
 
     # --tool-temperature: the tool as a choice among the listed tools (the first token of each name).
-    # A rule planner (evaluate.FixedPlan, OraclePlan) has no tokenizer and no tokens to restrict.
+    # A rule planner (baselines.py) has no tokenizer and no tokens to restrict.
     choices = tool_choice_tokens(planner.tokenizer, tools) if cfg.tool_temperature > 0 and hasattr(planner, "tokenizer") else ()
     live = list(trajs)
     for t in range(1, cfg.max_turns + 1):
         # 2. Planner: batched calls for every live trajectory; each action is a Turn (a training row).
         t0 = time.perf_counter()
         chats = [modules.planner_prompt(tr.query, tr.analysis, tr.tools, tr.memory, cfg.memory_chars) for tr in live]
-        turns = plan_chosen(planner, chats, t, choices, tools, cfg) if choices else plan_free(planner, chats, tools, cfg)
+        queries = [tr.query for tr in live]
+        turns = (plan_chosen(planner, chats, queries, t, choices, tools, cfg) if choices
+                 else plan_free(planner, chats, queries, tools, cfg))
         for tr, turn in zip(live, turns):
             tr.turns.append(turn)
         _tick(live, "planner", t0)
 
         # The planner's stop ends a trajectory here: no executor, no tool, nothing added to the memory.
         for tr in live:
-            if TOOLS.get(tr.turns[-1].tool) and TOOLS[tr.turns[-1].tool].kind == "stop":
+            if is_stop(tr.turns[-1].tool):
                 tr.stop_reason = "planner"
         live = [tr for tr in live if tr.stop_reason != "planner"]
         if not live:
@@ -367,10 +360,6 @@ def rollout(queries, planner, frozen, toolbox: Toolbox, cfg: RolloutConfig, exam
     return trajs
 
 
-def _is_stop(tool: str) -> bool:
-    return tool in TOOLS and TOOLS[tool].kind == "stop"
-
-
 def rollout_stats(trajs) -> dict:
     """Counts a training or evaluation log needs: turns, tool use, tool errors, invalid actions."""
     turns = [t for tr in trajs for t in tr.turns]
@@ -379,7 +368,7 @@ def rollout_stats(trajs) -> dict:
         "turns_per_traj": len(turns) / max(len(trajs), 1),
         "invalid_action_rate": sum(not t.valid_action for t in turns) / n_turns,
         # The planner's Done is a valid action with no command by design: not an empty command.
-        "empty_command_rate": sum(t.valid_action and not t.command and not _is_stop(t.tool) for t in turns) / n_turns,
+        "empty_command_rate": sum(t.valid_action and not t.command and not is_stop(t.tool) for t in turns) / n_turns,
         "tool_calls": {},
         "tool_errors": {},
     }

@@ -202,6 +202,11 @@ def set_sandbox(mode: str) -> None:
         raise SystemExit(f"--sandbox {mode}: {e}") from None
 
 
+def is_stop(name: str) -> bool:
+    """The planner's stop action (Done): a choice that ends the trajectory, not a call."""
+    return name in TOOLS and TOOLS[name].kind == "stop"
+
+
 def is_error(result: str) -> bool:
     """Tool results that report a failure start with 'Error:' (the convention of every tool here)."""
     return result.startswith("Error:")

@@ -25,9 +25,8 @@ from pathlib import Path
 import torch
 
 from flow_grpo import entropy_from_logits, flat_groups
-from tools import TOOLS, is_error
+from tools import is_error, is_stop
 
-STOPS = {name for name, tool in TOOLS.items() if tool.kind == "stop"}  # the planner's Done
 
 
 # Figures measured on the trained rows; a step that trained no row (every group filtered out) has none.
@@ -80,7 +79,7 @@ def step_metrics(step, trajs, rewards, group_of, n_rows, upd, rollout_s, update_
         **{f"upd/{k}": upd[k] for k in UPDATE_SUMS},
         "truncated": sum(t.truncated for tr in trajs for t in tr.turns),
         "invalid": sum(not t.valid_action for tr in trajs for t in tr.turns),
-        "empty_cmd": sum(t.valid_action and not t.command and t.tool not in STOPS  # Done has no command
+        "empty_cmd": sum(t.valid_action and not t.command and not is_stop(t.tool)  # Done has no command
                          for tr in trajs for t in tr.turns),
         "gen_tokens": sum(len(t.response_ids) for tr in trajs for t in tr.turns), "update_tokens": upd["tokens"],
         "upd_loss": upd["loss"],

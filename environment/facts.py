@@ -113,10 +113,9 @@ def lookup(command) -> str:
     parts = command.split(" | ") if isinstance(command, str) else [""]
     for i, part in enumerate(parts):
         if _named(part.lower()):
-            found = _lookup_one(part)
             if i + 1 < len(parts) and not _attribute_named(part):  # the entity alone: the rest says what of it
-                found = _lookup_one(part + " " + " ".join(_unnamed(p) for p in parts[i + 1:]))
-            return found
+                return _lookup_one(part + " " + " ".join(_unnamed(p) for p in parts[i + 1:]))
+            return _lookup_one(part)
     return _lookup_one(command)
 
 

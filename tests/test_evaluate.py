@@ -14,6 +14,7 @@ import sys
 
 import pytest
 
+import baselines
 import evaluate
 from environment import tasks
 import modules
@@ -209,14 +210,14 @@ def test_fixed_plan_calls_the_tool_every_turn_with_the_question_as_sub_goal(tiny
 
 @pytest.mark.parametrize("plan", ["Fact_Lookup,Python_Coder", ("Fact_Lookup", "Python_Coder")])
 def test_a_fixed_plan_calls_its_tools_in_order_then_done_or_else_the_last_tool_again(plan):
-    """evaluate.FixedPlan (--fixed-tool A,B): A on turn 1, B on turn 2, the question as every sub-goal;
+    """baselines.FixedPlan (--fixed-tool A,B): A on turn 1, B on turn 2, the question as every sub-goal;
     then Done when the tool list offers it (the trajectory ends: stop_reason "planner"), else B again."""
     eng = ScriptedEngine()
     q = "What is 57 plus the year in which Noullysk Foundry was founded?"
     for tools, expected, stop in (("Python_Coder,Fact_Lookup,Done", ["Fact_Lookup", "Python_Coder", "Done"], "planner"),
                                   ("Python_Coder,Fact_Lookup", ["Fact_Lookup", "Python_Coder", "Python_Coder"], "max_turns")):
         cfg = RolloutConfig(max_turns=3, temperature=0.0, analysis_tokens=0, verify=False, tools=tools)
-        [tr] = rollout([q], evaluate.FixedPlan(plan, offered=cfg.tool_names()), eng, Toolbox(cfg.tool_names(), llm=eng), cfg)
+        [tr] = rollout([q], baselines.FixedPlan(plan, offered=cfg.tool_names()), eng, Toolbox(cfg.tool_names(), llm=eng), cfg)
         assert [t.tool for t in tr.turns] == expected and tr.stop_reason == stop
         assert all(t.sub_goal == q and t.valid_action for t in tr.turns)
         assert tr.turns[0].result == "founding year of Noullysk Foundry: 1856" and tr.turns[1].result.strip() == "42"

@@ -14,6 +14,7 @@ from collections import Counter
 
 import pytest
 
+import baselines
 import evaluate
 import modules
 from bookkeeping.report import paired_difference
@@ -244,7 +245,7 @@ def test_oracle_router_calls_the_right_first_tool_with_the_question_as_sub_goal_
     for tools, expected in (("Python_Coder,Fact_Lookup,Done", lambda e: [e["tools"][0], "Done"]),
                             ("Python_Coder,Fact_Lookup", lambda e: [e["tools"][0]] * 3)):  # no Done: the tool again
         cfg = RolloutConfig(max_turns=3, temperature=0.0, analysis_tokens=0, verify=False, tools=tools)
-        plan = evaluate.OraclePlan(examples, "router", offered=cfg.tool_names())
+        plan = baselines.OraclePlan(examples, "router", offered=cfg.tool_names())
         trajs = rollout([e["query"] for e in examples], plan, frozen, Toolbox(cfg.tool_names(), llm=frozen), cfg,
                         examples=examples)
         for e, tr in zip(examples, trajs):
@@ -252,7 +253,7 @@ def test_oracle_router_calls_the_right_first_tool_with_the_question_as_sub_goal_
             assert all(t.sub_goal == e["query"] and t.context == "" for t in tr.turns)
             assert tr.stop_reason == ("planner" if "Done" in tools else "max_turns")
     with pytest.raises(ValueError, match="router or planner"):
-        evaluate.OraclePlan(examples, "oracle")
+        baselines.OraclePlan(examples, "oracle")
 
 
 def test_oracle_planner_sends_its_hand_written_sub_goals_to_the_tools_and_answers_right():
@@ -262,7 +263,7 @@ def test_oracle_planner_sends_its_hand_written_sub_goals_to_the_tools_and_answer
     examples = _questions(2)
     cfg = RolloutConfig(max_turns=3, temperature=0.0, analysis_tokens=0, verify=False, tools="Python_Coder,Fact_Lookup,Done")
     frozen = Frozen()
-    trajs = rollout([e["query"] for e in examples], evaluate.OraclePlan(examples, "planner", offered=cfg.tool_names()),
+    trajs = rollout([e["query"] for e in examples], baselines.OraclePlan(examples, "planner", offered=cfg.tool_names()),
                     frozen, Toolbox(cfg.tool_names(), llm=frozen), cfg, examples=examples)
     for e, tr in zip(examples, trajs):
         assert [t.tool for t in tr.turns] == e["tools"] + ["Done"] and tr.stop_reason == "planner"
@@ -344,7 +345,7 @@ def test_without_the_verifier_every_trajectory_runs_max_turns_and_fact_lookup_ne
 
     cfg = RolloutConfig(max_turns=2, temperature=0.0, analysis_tokens=0, verify=False, tools="Fact_Lookup,Python_Coder")
     frozen = Counting()
-    trajs = rollout([e["query"] for e in examples], evaluate.FixedPlan("Fact_Lookup"), frozen,
+    trajs = rollout([e["query"] for e in examples], baselines.FixedPlan("Fact_Lookup"), frozen,
                     Toolbox(cfg.tool_names(), llm=frozen), cfg, examples=examples)
     assert [len(tr.turns) for tr in trajs] == [2, 2] and {tr.stop_reason for tr in trajs} == {"max_turns"}
     assert not any("check whether" in s or "input of a tool" in s for s in calls)  # only the generator ran

@@ -8,6 +8,7 @@ import sys
 
 import torch
 
+import baselines
 import modules
 from engine import Generation
 from rollout import RolloutConfig, format_trajectory, rollout, rollout_stats
@@ -261,14 +262,12 @@ def test_a_python_coder_sub_goal_that_is_plain_arithmetic_runs_as_it_is_without_
 
 
 def test_a_question_of_several_lines_is_the_whole_fallback_sub_goal():
-    """A planner action without a sub-goal falls back to the question, read back from the planner
-    prompt: all of its lines, so that Fact_Lookup gets the question itself as its command."""
-    import evaluate
-
+    """A planner action without a sub-goal falls back to the question: all of its lines, so that
+    Fact_Lookup gets the question itself as its command."""
     q = "Who founded Noullysk Foundry?\nReply with a name."
     for analysis_tokens in (0, 4):  # the prompt's question is followed by the steps, or by an analysis
         eng = ScriptedEngine([])
         cfg = RolloutConfig(max_turns=2, verify=False, analysis_tokens=analysis_tokens, tools="Fact_Lookup,Python_Coder")
-        [tr] = rollout([q], evaluate.FixedPlan("Fact_Lookup"), eng, Toolbox(cfg.tool_names(), llm=eng), cfg)
+        [tr] = rollout([q], baselines.FixedPlan("Fact_Lookup"), eng, Toolbox(cfg.tool_names(), llm=eng), cfg)
         assert [(t.sub_goal, t.command) for t in tr.turns] == [(q, q)] * 2
         assert tr.turns[0].result == "founder of Noullysk Foundry: Brukras Veirtha"
