@@ -77,7 +77,8 @@ from rollout import rollout
 from tools import Toolbox, local_search
 import speedups
 from config import PRESETS, Config
-from train import RowPath, collate, fill_logprobs, micro_batches, questions_for_step, step_seed, training_rows, update
+from scaleout.launch import questions_for_step
+from train import RowPath, collate, fill_logprobs, micro_batches, step_seed, training_rows, update
 
 # (key, comparison, target) of every figure that has one; the others are reported only.
 TARGETS = {"rollout_vs_generate": (">=", 0.8), "rollout_batched_speedup": (">=", 3.0), "update_vs_plain": (">=", 0.7),

@@ -38,8 +38,6 @@ import argparse
 import itertools
 import json
 import shutil
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -48,6 +46,8 @@ import matplotlib
 matplotlib.use("Agg")  # files only, no display
 import matplotlib.pyplot as plt  # noqa: E402
 
+import evaluate  # noqa: E402
+import train  # noqa: E402
 from evaluate import compare  # noqa: E402
 from config import PRESETS  # noqa: E402
 
@@ -63,9 +63,11 @@ def fixed_plans(tools, max_turns: int) -> list[tuple]:
 
 
 def run(cmd, seconds: dict, name: str):
-    print("$ " + " ".join(cmd), flush=True)
+    """Print the command, then run its script's main() in this process: the same code path as the
+    command (each main seeds torch itself), without importing torch and transformers again per row."""
+    print("$ python " + " ".join(cmd), flush=True)
     t0 = time.perf_counter()
-    subprocess.run(cmd, check=True)
+    {"evaluate.py": evaluate.main, "train.py": train.main}[cmd[0]](cmd[1:])
     seconds[name] = time.perf_counter() - t0
     print(f"  ({seconds[name]:.0f} s)", flush=True)
 
@@ -131,10 +133,9 @@ def main(argv=None):
     args = p.parse_args(argv)
     out = Path(args.out or ("runs/demo" if args.preset == "cpu-demo" else f"runs/demo-{args.preset}"))
     ablation = args.ablation == "run" or (args.ablation == "auto" and preset["max_turns"] > 1)
-    py = sys.executable
     # The agent is evaluated with the rollout sizes it is trained with (evaluate.py --preset), planner greedy.
     agent = ["--mode", "agent", "--preset", args.preset, "--batch-size", "50"]
-    common = [py, "evaluate.py", "--data", args.data, "--n", str(args.n), "--seed", str(args.seed)]
+    common = ["evaluate.py", "--data", args.data, "--n", str(args.n), "--seed", str(args.seed)]
     model = ["--model", args.model]
     seconds, rows = {}, []  # rows: (name in the plot, output folder)
 
@@ -165,7 +166,7 @@ def main(argv=None):
         if (out / folder).exists():  # train.py refuses to start a new run over an old one; the demo owns this folder
             print(f"removing the previous demo's training run, {out / folder}", flush=True)
             shutil.rmtree(out / folder)
-        run([py, "train.py", "--preset", args.preset, "--data", args.data, "--steps", str(args.steps), "--seed", str(args.seed),
+        run(["train.py", "--preset", args.preset, "--data", args.data, "--steps", str(args.steps), "--seed", str(args.seed),
              "--out", str(out / folder), "--model", args.model, "--checkpoint-every", str(args.steps),
              "--eval-n", str(min(args.n, preset["eval_n"])), *extra], seconds, f"training ({name})")
         final = out / folder / "checkpoints" / f"step-{args.steps:06d}"

@@ -177,9 +177,7 @@ def sampling_config(max_new_tokens: int, temperature: float, top_p: float, pad: 
 class HFEngine:
     """Batched chat generation over a Hugging Face causal LM (left padding, KV cache)."""
 
-    def __init__(self, model, tokenizer, max_batch: int = 16, speedups=None):
-        if speedups:  # accepted (False/None) only until evaluate.py and rollout.py stop passing it
-            raise TypeError("HFEngine is the plain engine: for the speed-ups use speedups.FastEngine or speedups.engine")
+    def __init__(self, model, tokenizer, max_batch: int = 16):
         self.model = model
         self.tokenizer = tokenizer
         self.tokenizer.padding_side = "left"  # generation appends on the right, so pad on the left

@@ -8,7 +8,7 @@
     python evaluate.py --compare runs/eval/direct runs/eval/agentflow runs/eval/trained [--json table.json]
 
 Two systems are measured on the same questions:
-- "direct": the model under test answers alone, no tools (modules.direct_prompt, one batched generate);
+- "direct": the model under test answers alone, no tools (direct_prompt, one batched generate);
   with --model this is the paper's "Qwen2.5-7B-Instruct alone" row; with --checkpoint it is the trained
   planner alone (did RL change what the model knows by itself?).
 - "agent": AgentFlow (rollout.py) with the planner = the model under test and the executor, verifier,
@@ -39,7 +39,7 @@ Simplifications vs. the paper / the official code:
   asks the frozen base model instead (scoring.judge), which is cheap but is a weak judge at 135M.
 - The planner decodes greedily (--temperature 0) so that a table is reproducible; the official runs
   sample. Max turns is 10 as in the paper's evaluation on a GPU (or with --sizes paper); on a CPU the
-  sizes are rollout.CPU_SIZES (the cpu preset's: 2 turns, short replies), which cost the 135M model a
+  sizes are bookkeeping.cli.CPU_SIZES (the cpu preset's: 2 turns, short replies), which cost the 135M model a
   fifth as much a question. There is no 300 s wall-clock limit per query (every tool call has its own
   timeout instead).
 
@@ -61,12 +61,14 @@ from tqdm import tqdm
 import modules
 from scaleout import remote_engine
 from environment import scoring, tasks
+from bookkeeping.cli import SIZES, add_arguments, describe_sizes, machine_sizes, set_sandbox
+from bookkeeping.metrics import rollout_stats
 from bookkeeping.models import EMBEDDED, load_model
-from engine import HFEngine
-from rollout import SIZES, RolloutConfig, Trajectory, add_arguments, arg, describe_sizes, machine_sizes, rollout, rollout_stats
-from bookkeeping.report import compare, wilson, write_html
+import speedups  # the engine: speedups.FastEngine where it applies, else engine.HFEngine
+from rollout import RolloutConfig, Trajectory, arg, rollout
+from bookkeeping.report import compare, trajectory_json, wilson, write_html
 from baselines import FixedPlan, OraclePlan, fixed_plan
-from tools import Toolbox, set_sandbox
+from tools import Toolbox
 from config import PRESETS
 
 
@@ -74,7 +76,7 @@ from config import PRESETS
 class EvalConfig(RolloutConfig):
     """What an evaluation needs; the rollout fields come from rollout.RolloutConfig (written once), with
     the paper's evaluation values where they differ from training's: 10 turns, a greedy planner. On a CPU
-    parse_args replaces the sizes by rollout.CPU_SIZES unless --sizes paper (machine_sizes)."""
+    parse_args replaces the sizes by bookkeeping.cli.CPU_SIZES unless --sizes paper (machine_sizes)."""
 
     max_turns: int = arg(10, "T_max: planner turns per question (paper: 10 in evaluation)")
     temperature: float = arg(0.0, "planner temperature (0 = greedy, reproducible); the frozen modules are always greedy")
@@ -114,12 +116,17 @@ def _proportion(scores) -> dict:
 # Running the questions
 
 
+def direct_prompt(query: str) -> list[dict]:
+    """The base model alone, no tools: the baseline every results table needs."""
+    return modules.chat("You answer questions.", f"Question: {query}\nAnswer with a number, a name or an expression only.")
+
+
 def evaluate_examples(examples, planner, frozen, cfg: RolloutConfig, mode, toolbox, batch_size,
                       judge_engine=None, on_result=None, progress=True) -> list[dict]:
     """Answer and score every example, batch_size at a time; one record (a JSON-ready dict) each.
 
     mode "agent" rolls out AgentFlow (planner = the model under test, frozen = the base model);
-    mode "direct" asks `planner` alone with modules.direct_prompt (toolbox and frozen are unused).
+    mode "direct" asks `planner` alone with direct_prompt (toolbox and frozen are unused).
     A record is scored by scoring.score, or by scoring.judge(judge_engine) when one is given, and is
     passed to on_result(record) as soon as its batch is done (evaluate.py writes it to disk there).
     """
@@ -135,7 +142,7 @@ def evaluate_examples(examples, planner, frozen, cfg: RolloutConfig, mode, toolb
             trajs = rollout(queries, planner, frozen, toolbox, cfg, examples=batch)
         else:
             # The direct baseline gets the agent generator's answer budget and forced "Answer:" prefix.
-            gens = planner.generate([modules.direct_prompt(q) for q in queries], max_new_tokens=cfg.generator_tokens,
+            gens = planner.generate([direct_prompt(q) for q in queries], max_new_tokens=cfg.generator_tokens,
                                     temperature=cfg.temperature, prefix=modules.ANSWER_PREFIX, stop=modules.LINE_STOP)
             outputs = [modules.ANSWER_PREFIX + g.text for g in gens]
             trajs = [Trajectory(q, final_output=text, answer=modules.parse_answer(text), stop_reason="direct", example=ex)
@@ -147,7 +154,7 @@ def evaluate_examples(examples, planner, frozen, cfg: RolloutConfig, mode, toolb
             record = {"id": ex["id"], "suite": ex.get("suite", ""), "task": ex.get("task", ""), "query": ex["query"],
                       "gold": ex["answer"], "prediction": tr.answer, "score": tr.reward, "correct": tr.reward >= 1.0,
                       "mode": mode, "turns": len(tr.turns), "stop_reason": tr.stop_reason,
-                      "seconds": round(seconds, 3), "trajectory": tr.to_json()}
+                      "seconds": round(seconds, 3), "trajectory": trajectory_json(tr)}
             records.append(record)
             if on_result:
                 on_result(record)
@@ -168,7 +175,7 @@ def summarize(records, seconds=None, **meta) -> dict:
     for r in records:  # suites in order of first appearance
         suites.setdefault(r["suite"], []).append(r["score"])
     # rollout_stats reads .turns and each turn's .tool/.valid_action/.command/.result: rebuild just
-    # those from the JSON records, so the counts are defined in one place (rollout.py).
+    # those from the JSON records, so the counts are defined in one place (bookkeeping/metrics.py).
     stats = rollout_stats([SimpleNamespace(turns=[SimpleNamespace(**t) for t in r["trajectory"]["turns"]]) for r in records])
     seconds = sum(r["seconds"] for r in records) if seconds is None else seconds
     config = meta.pop("config", None)  # last in the file: the numbers come first
@@ -239,12 +246,12 @@ def default_label(cfg: EvalConfig, model_name: str) -> str:
 
 
 def parse_args(argv=None) -> tuple[EvalConfig, argparse.Namespace]:
-    """EvalConfig from its defaults < the sizes for the machine (--sizes: rollout.CPU_SIZES on a CPU) or
+    """EvalConfig from its defaults < the sizes for the machine (--sizes: bookkeeping.cli.CPU_SIZES on a CPU) or
     --preset (train.py's, rollout fields only) < the command line. args.sizes_source says which."""
     parser = argparse.ArgumentParser(description="Evaluate AgentFlow or the model alone; or --compare result folders.")
     parser.add_argument("--preset", choices=sorted(PRESETS), help="take the rollout sizes (turns, token limits, memory, "
                         "tools, speedups) of this train.py preset; the planner stays greedy unless --temperature")
-    parser.add_argument("--sizes", choices=SIZES, default="auto", help="without --preset: cpu (rollout.CPU_SIZES, the cpu "
+    parser.add_argument("--sizes", choices=SIZES, default="auto", help="without --preset: cpu (CPU_SIZES, the cpu "
                         "preset's: 2 turns, short replies), paper (EvalConfig's defaults: the paper's 10 turns, a query "
                         "analysis), auto (cpu on a CPU, paper on a GPU); a size flag wins over either")
     add_arguments(parser, EvalConfig)
@@ -351,16 +358,17 @@ def main(argv=None):
 
     # 2. Engines: one for --model; a planner and a frozen one for --checkpoint (frozen only if used).
     t0 = time.perf_counter()
-    planner = HFEngine(*load_model(model_name, dtype=dtype, device=device), speedups=cfg.speedups, max_batch=cfg.max_batch)
-    frozen = planner
+    model, tokenizer = load_model(model_name, dtype=dtype, device=device)
+    fast, line = speedups.choose(cfg.speedups, model)
+    print(line, flush=True)
+    planner = frozen = speedups.engine(model, tokenizer, fast, max_batch=cfg.max_batch)
     if cfg.frozen_engine and (cfg.mode == "agent" or cfg.judge):
         try:
             frozen = remote_engine.from_url(cfg.frozen_engine)
         except (ValueError, RuntimeError) as e:
             raise SystemExit(f"evaluate.py: error: --frozen-engine: {e}") from None
     elif cfg.checkpoint and (cfg.mode == "agent" or cfg.judge):
-        frozen = HFEngine(*load_model(cfg.frozen_model, dtype=dtype, device=device), speedups=cfg.speedups,
-                          max_batch=cfg.max_batch)
+        frozen = speedups.engine(*load_model(cfg.frozen_model, dtype=dtype, device=device), fast, max_batch=cfg.max_batch)
     if cfg.fixed_tool:
         planner = FixedPlan(cfg.fixed_tool, offered=cfg.tool_names())
     elif cfg.oracle:
@@ -386,7 +394,7 @@ def main(argv=None):
                         model=cfg.model if not cfg.checkpoint else "", checkpoint=cfg.checkpoint,
                         frozen_model=cfg.frozen_model or cfg.model, device=device, dtype=str(dtype).removeprefix("torch."), scorer="judge" if cfg.judge else "rule",
                         tokens_generated=planner.tokens_generated + (frozen.tokens_generated if frozen is not planner else 0),
-                        sizes=args.sizes_source, config=asdict(cfg))
+                        sizes=args.sizes_source, speedups=fast, config=asdict(cfg))
     (out / "summary.json").write_text(json.dumps(summary, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
     write_html(records, out / "trajectories.html", title=f"{cfg.label} on {cfg.data} ({cfg.mode})")
     print(format_summary(summary))

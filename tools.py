@@ -22,14 +22,11 @@ Simplifications vs. the official code:
   (Gemini with a paid key) is left out.
 - Base_Generator calls of a whole batch of trajectories go to the LLM in one batched call.
 
-Try the tools by hand:
-    python tools.py run-python FILE      run FILE exactly as Python_Coder does, print the result as JSON
-    python tools.py search "QUERY"       query Local_Search
+Try the tools by hand: python -m environment.sandbox FILE (Python_Coder), python -m environment.search
+"QUERY" (Local_Search), python -m environment.facts "QUERY" (Fact_Lookup).
+Test:  python -m pytest -q tests/test_robustness.py tests/test_rollout.py
 """
 
-import argparse
-import json
-import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
@@ -51,52 +48,25 @@ class Tool:
     #            the trajectory ends and the generator answers)
 
 
-TOOLS = {
-    t.name: t
-    for t in [
-        Tool(
-            "Python_Coder",
-            "computes numbers with Python (sums, products, word problems)",
-            "one line of Python that prints the result",
-            "code",
-        ),
-        Tool(
-            "Local_Search",
-            "finds encyclopedia articles about a name",
-            "a short search query naming the person, city, company or invention",
-            "text",
-        ),
-        Tool(
-            "Fact_Lookup",
-            "finds a fact about a person, city, company or invention (who, when, where)",
-            "the planner's sub-goal, then the question: what to find and the name it is about",
-            # No executor: the command is the sub-goal and then the question (rollout.py), as an executor
-            # would see both. A sub-goal that names the entity and the fact decides what is asked; one
-            # that names none leaves the question to do it (why no executor: results/demo/history.md).
-            "sub-goal",
-        ),
-        Tool(
-            "Wikipedia_Search",
-            "finds the introductions of Wikipedia pages, for real-world facts (needs internet)",
-            "a short search query",
-            "text",
-        ),
-        Tool(
-            "Done",
-            "stop: the steps so far hold the answer",
-            "nothing: the generator writes the answer from the steps so far",
-            # Not a tool that runs: the planner's own stop (rollout.py), in place of a verifier that a
-            # 135M model cannot play. Offered only once a step has been taken.
-            "stop",
-        ),
-        Tool(
-            "Base_Generator",
-            "answers in words, from what a language model knows",
-            "an instruction or question in plain words",
-            "text",
-        ),
-    ]
-}
+TOOLS = {t.name: t for t in [  # Tool(name, description, input, kind)
+    Tool("Python_Coder", "computes numbers with Python (sums, products, word problems)",
+         "one line of Python that prints the result", "code"),
+    Tool("Local_Search", "finds encyclopedia articles about a name",
+         "a short search query naming the person, city, company or invention", "text"),
+    # No executor: the command is the sub-goal and then the question (rollout.py), as an executor
+    # would see both. A sub-goal that names the entity and the fact decides what is asked; one
+    # that names none leaves the question to do it (why no executor: results/demo/history.md).
+    Tool("Fact_Lookup", "finds a fact about a person, city, company or invention (who, when, where)",
+         "the planner's sub-goal, then the question: what to find and the name it is about", "sub-goal"),
+    Tool("Wikipedia_Search", "finds the introductions of Wikipedia pages, for real-world facts (needs internet)",
+         "a short search query", "text"),
+    # Not a tool that runs: the planner's own stop (rollout.py), in place of a verifier that a
+    # 135M model cannot play. Offered only once a step has been taken.
+    Tool("Done", "stop: the steps so far hold the answer",
+         "nothing: the generator writes the answer from the steps so far", "stop"),
+    Tool("Base_Generator", "answers in words, from what a language model knows",
+         "an instruction or question in plain words", "text"),
+]}
 OFFLINE_TOOLS = ("Python_Coder", "Local_Search", "Base_Generator")  # the default: no network needed
 
 
@@ -194,14 +164,6 @@ class Toolbox:
         return f"Error: {tool} needs a language model and cannot run here"
 
 
-def set_sandbox(mode: str) -> None:
-    """Apply --sandbox before any work: a bad value, or strict where isolation is unavailable, stops here."""
-    try:
-        sandbox.set_mode(mode or None)
-    except (ValueError, RuntimeError) as e:
-        raise SystemExit(f"--sandbox {mode}: {e}") from None
-
-
 def is_stop(name: str) -> bool:
     """The planner's stop action (Done): a choice that ends the trajectory, not a call."""
     return name in TOOLS and TOOLS[name].kind == "stop"
@@ -210,28 +172,3 @@ def is_stop(name: str) -> bool:
 def is_error(result: str) -> bool:
     """Tool results that report a failure start with 'Error:' (the convention of every tool here)."""
     return result.startswith("Error:")
-
-
-def main(argv=None):
-    parser = argparse.ArgumentParser(description="Try the agent's tools by hand.")
-    sub = parser.add_subparsers(dest="cmd", required=True)
-    p = sub.add_parser("run-python", help="run FILE in the sandbox exactly as Python_Coder does")
-    p.add_argument("file")
-    p.add_argument("--timeout", type=float, default=10.0)
-    s = sub.add_parser("search", help="query Local_Search")
-    s.add_argument("query")
-    s.add_argument("--k", type=int, default=3)
-    args = parser.parse_args(argv)
-    if args.cmd == "run-python":
-        try:
-            code = open(args.file, encoding="utf-8", errors="replace").read()
-        except OSError as e:
-            sys.exit(f"cannot read {args.file}: {e.strerror}")
-        res = sandbox.run_python(code, timeout=args.timeout)
-        print(json.dumps({"ok": res.ok, "output": res.output, "error": res.error, "returncode": res.returncode, "seconds": round(res.seconds, 3)}, indent=2))
-    else:
-        print(local_search().search(args.query, k=args.k))
-
-
-if __name__ == "__main__":
-    main()

@@ -50,18 +50,18 @@ from dataclasses import fields
 from pathlib import Path
 from typing import NamedTuple
 
-import numpy as np
 import torch
 from tqdm import tqdm
 
 import speedups  # drop-ins for the engine and the update's forward, chosen in make_engines() only
+from bookkeeping.cli import add_arguments
 from bookkeeping.metrics import add_micro_batch, add_optimizer_step, new_update_sums, step_metrics, write_param_digest
-from config import PRESETS, Config, validate  # the run's fields and presets
+from config import PRESETS, Config  # the run's fields and presets
 from engine import HFEngine, left_pad
 from environment import scoring
 from flow_grpo import (broadcast, first_token_fields, flat_groups, flow_grpo_loss, group_advantages,
                        restrict_first_token, token_logprobs, turn_rows)
-from rollout import add_arguments, rollout
+from rollout import rollout
 from scaleout import distributed, launch
 from tools import Toolbox
 
@@ -80,24 +80,6 @@ def parse_args(argv=None) -> tuple[Config, set]:
 
 def step_seed(seed: int, step: int, rank: int) -> int:
     return int.from_bytes(hashlib.sha256(f"{seed}/{step}/{rank}".encode()).digest()[:4], "little")
-
-
-def questions_for_step(examples, cfg, step, rank, world):
-    """The questions of one step, for this process: a fixed shuffle per epoch of the training set, or,
-    with --kinds, of each listed kind's questions, questions_per_step / len(kinds) of each (so that
-    every step holds each kind as often, not whatever mix a shuffle of 8 questions gives)."""
-    kinds = cfg.kind_names()
-    pools = [[e for e in examples if e.get("kind") == k] for k in kinds] if kinds else [examples]
-    q = cfg.questions_per_step // len(pools)
-    picked = []
-    for i, pool in enumerate(pools):
-        start, orders = (step - 1) * q, {}
-        for k in range(start, start + q):
-            epoch, pos = divmod(k, len(pool))
-            if epoch not in orders:  # one shuffle per epoch, not one per question
-                orders[epoch] = np.random.default_rng(cfg.seed + epoch + 1000 * i).permutation(len(pool))
-            picked.append(pool[orders[epoch][pos]])
-    return picked[rank::world]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -289,7 +271,7 @@ def train(cfg: Config, reward_fn=None, given=frozenset(), accelerator=None) -> d
         # ---- 1. rollout: G trajectories per question with the current planner, no gradients --------
         t0 = time.perf_counter()
         torch.manual_seed(step_seed(cfg.seed, step, rank))
-        questions = questions_for_step(examples, cfg, step, rank, world)
+        questions = launch.questions_for_step(examples, cfg, step, rank, world)
         group_of = [g for g in range(len(questions)) for _ in range(cfg.group_size)]  # (N,) question of each trajectory
         policy.eval()
         with distributed.full_weights(accelerator, policy, planner.model):
@@ -332,7 +314,7 @@ def train(cfg: Config, reward_fn=None, given=frozenset(), accelerator=None) -> d
             metrics["test_accuracy"] = launch.test_accuracy(cfg, policy, planner, frozen_engine, toolbox, test_examples,
                                                              accelerator)
         launch.write_step(cfg, accelerator, step, metrics, run_info, trajs)
-        if step % cfg.checkpoint_every == 0 or step == cfg.steps:
+        if (cfg.checkpoint_every and step % cfg.checkpoint_every == 0) or step == cfg.steps:
             launch.save_checkpoint(cfg, accelerator, step, policy, tokenizer, optimizer)
     with distributed.full_weights(accelerator, policy, planner.model):  # under FSDP: the whole weights, not a shard
         write_param_digest(Path(cfg.out), planner.model, rank)
@@ -342,7 +324,7 @@ def train(cfg: Config, reward_fn=None, given=frozenset(), accelerator=None) -> d
 
 def main(argv=None):
     cfg, given = parse_args(argv)
-    validate(cfg)
+    launch.validate(cfg)
     if cfg.dry_run:  # nothing is loaded or downloaded: the config and what it will need
         return launch.dry_run(cfg)
     train(cfg, given=given)

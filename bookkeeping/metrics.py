@@ -15,6 +15,7 @@ follow TRL where one exists: frac_reward_zero_std, clip fractions):
     test_accuracy              greedy accuracy on fixed test questions, every eval_every steps
 
 Sums are all-reduced over processes, so every figure covers the whole batch of all ranks.
+rollout_stats counts the same rollout figures for one process's trajectories (evaluate.py's summary).
 """
 
 import hashlib
@@ -105,6 +106,26 @@ def step_metrics(step, trajs, rewards, group_of, n_rows, upd, rollout_s, update_
         "rollout_tok_s": s["gen_tokens"] / max(rollout_s, 1e-9), "update_tok_s": s["update_tokens"] / max(update_s, 1e-9),
     } | ({} if s["rows"] else {k: None for k in UPDATE_STATS}) | (  # nothing trained (filter_groups): no such figure
         {} if groups_trained is None else {"groups_trained": groups_trained}) | ({} if kl_measured else {"kl": None})
+
+
+def rollout_stats(trajs) -> dict:
+    """Counts an evaluation's summary needs (evaluate.summarize): turns, tool use, tool errors, invalid
+    actions. A training step counts the same, summed over processes, in step_metrics."""
+    turns = [t for tr in trajs for t in tr.turns]
+    n_turns = max(len(turns), 1)
+    stats = {
+        "turns_per_traj": len(turns) / max(len(trajs), 1),
+        "invalid_action_rate": sum(not t.valid_action for t in turns) / n_turns,
+        # The planner's Done is a valid action with no command by design: not an empty command.
+        "empty_command_rate": sum(t.valid_action and not t.command and not is_stop(t.tool) for t in turns) / n_turns,
+        "tool_calls": {},
+        "tool_errors": {},
+    }
+    for t in turns:
+        name = t.tool or "(none)"
+        stats["tool_calls"][name] = stats["tool_calls"].get(name, 0) + 1
+        stats["tool_errors"][name] = stats["tool_errors"].get(name, 0) + int(is_error(t.result))
+    return stats
 
 
 def _f(value, spec: str) -> str:

@@ -18,8 +18,8 @@ MAX_LINES, MAX_FUNCTION = 2000, 100  # issue 23's bounds: the whole path, and an
 
 # (file, what it teaches), in reading order.
 FILES = [
-    ("config.py", "the run's fields (one dataclass, a help line per field), the named presets in `PRESETS` and why "
-                  "each setting, and the checks that refuse what cannot work"),
+    ("config.py", "the run's fields (one dataclass, a help line per field) and the named presets in `PRESETS`, with "
+                  "why each setting"),
     ("train.py", "one step top to bottom in `train()`: rollout -> reward -> advantage and broadcast (`training_rows`) "
                  "-> reference log-probs -> loss and optimiser steps (`update`: mini-batches, micro-batches, "
                  "accumulation, clip, AdamW) -> log; where the engine and the update's forward are chosen "

@@ -2,7 +2,9 @@
 
 evaluate.py produces summary.json, results.jsonl and trajectories.html per run; this file holds what
 turns records into something a person reads: the 95% interval of an accuracy, one self-contained HTML
-page per run (every model string escaped, a filter for the wrong answers), and the markdown/JSON
+page per run (every model string escaped, a filter for the wrong answers), a trajectory as a JSON
+record (trajectory_json: results.jsonl's) and as plain text (format_trajectory: ask.py's output, a
+training run's sample files), and the markdown/JSON
 table of several runs side by side (`python evaluate.py --compare DIR ...`), with the paired
 difference of the last system and each other one on the questions both answered.
 
@@ -148,6 +150,35 @@ def write_html(records, path, title="AgentFlow trajectories"):
             f"<button id=open-all>open all</button></p>\n" + "\n".join(_record_html(r) for r in records) +
             f"\n<script>{_JS}</script></body></html>\n")
     Path(path).write_text(page, encoding="utf-8")
+
+
+def trajectory_json(tr) -> dict:
+    """A rollout.Trajectory as a JSON-ready record, what results.jsonl holds and the viewer reads (token
+    ids left out: they are for training, not for reading)."""
+    return {
+        "query": tr.query, "analysis": tr.analysis, "answer": tr.answer, "final_output": tr.final_output,
+        "stop_reason": tr.stop_reason, "reward": tr.reward, "seconds": tr.seconds,
+        "turns": [{k: getattr(t, k) for k in ("planner_text", "tool", "sub_goal", "context", "valid_action",
+                                              "command", "result", "verdict")} for t in tr.turns],
+        "memory": tr.memory.to_json(),
+    }
+
+
+def format_trajectory(tr) -> str:
+    """A rollout.Trajectory as plain text a person reads: every turn's action, command, result and
+    verdict (ask.py prints it; a training run's samples/step-*.txt hold a group of them)."""
+    lines = [f"QUESTION: {tr.query}", f"ANALYSIS: {tr.analysis}"]
+    for i, t in enumerate(tr.turns, 1):
+        lines.append(f"--- turn {i}: tool={t.tool or '(invalid)'}  sub-goal={t.sub_goal!r}")
+        lines.append("    planner: " + (modules.PLANNER_PREFIX + t.planner_text).strip().replace("\n", "\n             "))
+        lines.append("    command: " + (t.command or "(none)").replace("\n", "\n             "))
+        lines.append("    result:  " + t.result[:400].replace("\n", "\n             "))
+        if t.verdict:
+            lines.append(f"    verdict: {t.verdict}")
+    lines.append(f"FINAL ({tr.stop_reason}): {tr.final_output}")
+    lines.append(f"ANSWER: {tr.answer}" + (f"   reward={tr.reward}" if tr.reward is not None else ""))
+    lines.append("seconds: " + ", ".join(f"{k} {v:.1f}" for k, v in tr.seconds.items()))
+    return "\n".join(lines)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -57,6 +57,7 @@ Differences from the official code: a real process boundary instead of exec(); o
 the official 3,500 characters in the middle, keeping its head and its tail (errors come last); an
 empty result reads "(no output: print the result to see it)" so the planner sees why.
 
+Try:   python -m environment.sandbox snippet.py   (run a file exactly as Python_Coder does; the result as JSON)
 Test:  python -m pytest -q tests/test_sandbox.py
 Bench: python -m environment.sandbox --bench   (per-call latency with isolation off and on)
 """
@@ -529,13 +530,25 @@ def _bench(calls: int) -> None:
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(
         prog="python -m environment.sandbox",
-        description="Python_Coder's sandbox: say whether snippets run isolated here, or time it.")
+        description="Python_Coder's sandbox: run FILE exactly as Python_Coder does (the result as JSON), "
+                    "say whether snippets run isolated here, or time it.")
+    parser.add_argument("file", nargs="?", help="a Python file to run in the sandbox, as Python_Coder runs a program")
+    parser.add_argument("--timeout", type=float, default=10.0, help="seconds of wall clock for FILE (default 10)")
     parser.add_argument("--bench", action="store_true",
                         help="time print(1) with isolation off and on, in the same run")
     parser.add_argument("--calls", type=int, default=20, help="calls per setting (default 20)")
     args = parser.parse_args(argv)
     if args.calls < 2:
         parser.error("--calls must be at least 2")
+    if args.file:
+        try:
+            code = open(args.file, encoding="utf-8", errors="replace").read()
+        except OSError as e:
+            sys.exit(f"cannot read {args.file}: {e.strerror}")
+        res = run_python(code, timeout=args.timeout)
+        print(json.dumps({"ok": res.ok, "output": res.output, "error": res.error, "returncode": res.returncode,
+                          "seconds": round(res.seconds, 3)}, indent=2))
+        return
     if args.bench:
         return _bench(args.calls)
     mode = isolation.current_mode()

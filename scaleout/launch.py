@@ -1,8 +1,11 @@
 """What a training run does around its steps, off the reading path: train.py's setup and its log.
 
+    validate         the settings that cannot work, refused before any work starts, with what to change
     start            the run's config (a resumed run's, with the command line on top), the launcher's
                      processes and devices, and every check that needs no model
     load_questions   the training questions, checked, and the fixed test questions
+    questions_for_step
+                     the questions of one step, for this process (one fixed shuffle per epoch)
     load_models      the trainable planner, prepared for the processes with its AdamW, and one frozen
                      copy of the initial weights; restored from a checkpoint on --resume
     write_config     config.json and the run's first lines on the console
@@ -22,18 +25,55 @@ import warnings
 from dataclasses import fields
 from pathlib import Path
 
+import numpy as np
 import torch
 from accelerate import Accelerator, DistributedType
 from tqdm import tqdm
 
 from bookkeeping import checkpoint
+from bookkeeping.cli import set_sandbox
 from bookkeeping.metrics import console_line
 from bookkeeping.models import load_model, train_top_layers
-from config import Config, validate
+from bookkeeping.report import format_trajectory
+from config import Config
 from environment import scoring, tasks
-from rollout import format_trajectory, rollout
+from flow_grpo import AGGREGATIONS, KL_KINDS
+from rollout import rollout
 from scaleout import distributed, remote_engine, sizing
-from tools import set_sandbox
+
+
+def validate(cfg: Config, world: int = 1):
+    """Reject settings that cannot work, before any work starts, with what to change."""
+    checks = [
+        (cfg.group_size >= 2, f"--group-size {cfg.group_size}: G must be >= 2 (advantages compare trajectories within a group)"),
+        (cfg.clip_low > 0 and cfg.clip_high > 0, "--clip-low and --clip-high must be > 0"),
+        (cfg.clip_c == 0 or cfg.clip_c > 1, f"--clip-c {cfg.clip_c}: the dual clip needs c > 1 (or 0 to turn it off)"),
+        (cfg.max_turns >= 1, f"--max-turns {cfg.max_turns}: must be >= 1"),
+        (cfg.temperature > 0, "--temperature must be > 0: Flow-GRPO needs sampled, not greedy, trajectories"),
+        (cfg.lr > 0 and cfg.steps >= 1, "--lr must be > 0 and --steps >= 1"),
+        (cfg.agg in AGGREGATIONS, f"--agg {cfg.agg!r}: choose from {', '.join(AGGREGATIONS)}"),
+        (cfg.kl_kind in KL_KINDS, f"--kl-kind {cfg.kl_kind!r}: choose from {', '.join(KL_KINDS)}"),
+        (cfg.credit in ("broadcast", "last"), f"--credit {cfg.credit!r}: choose broadcast or last"),
+        (cfg.old_logprobs in ("sample", "recompute"), "--old-logprobs must be 'sample' or 'recompute'"),
+        (cfg.mini_batch_questions >= 1 and cfg.questions_per_step % cfg.mini_batch_questions == 0,
+         f"--questions-per-step {cfg.questions_per_step} must be a multiple of --mini-batch-questions {cfg.mini_batch_questions}"),
+        (cfg.mini_batch_questions % world == 0,
+         f"--mini-batch-questions {cfg.mini_batch_questions} must be a multiple of the {world} processes"),
+        (cfg.micro_batch_rows >= 1 and cfg.epochs >= 1, "--micro-batch-rows and --epochs must be >= 1"),
+        (cfg.train_layers >= 0, f"--train-layers {cfg.train_layers}: must be >= 0 (0 trains every layer)"),
+        (cfg.tool_temperature >= 0, f"--tool-temperature {cfg.tool_temperature}: must be >= 0 (0 = the tool as free text)"),
+        (cfg.questions_per_step % max(len(cfg.kind_names()), 1) == 0,
+         f"--questions-per-step {cfg.questions_per_step} must be a multiple of the {len(cfg.kind_names())} --kinds"),
+        (not cfg.filter_groups or world == 1, "--filter-groups leaves each process a different number of rows, which "
+         "DDP's gradient all-reduce cannot follow: run one process or pass --no-filter-groups"),
+    ]
+    for ok, message in checks:
+        if not ok:
+            raise SystemExit(f"train.py: {message}")
+    try:
+        cfg.tool_names()
+    except ValueError as e:
+        raise SystemExit(f"train.py: --tools: {e}") from None
 
 
 def start(cfg: Config, given, accelerator):
@@ -87,6 +127,24 @@ def load_questions(cfg, accelerator) -> tuple[list, list]:
         print(f"skipped {report['skipped']} bad rows of {cfg.data}: " + "; ".join(report["errors"][:3]), file=sys.stderr)
     test = tasks.load(cfg.data, split="test", n=cfg.eval_n, seed=cfg.seed) if cfg.eval_every else []
     return examples, test
+
+
+def questions_for_step(examples, cfg, step, rank, world):
+    """The questions of one step, for this process: a fixed shuffle per epoch of the training set, or,
+    with --kinds, of each listed kind's questions, questions_per_step / len(kinds) of each (so that
+    every step holds each kind as often, not whatever mix a shuffle of 8 questions gives)."""
+    kinds = cfg.kind_names()
+    pools = [[e for e in examples if e.get("kind") == k] for k in kinds] if kinds else [examples]
+    q = cfg.questions_per_step // len(pools)
+    picked = []
+    for i, pool in enumerate(pools):
+        start, orders = (step - 1) * q, {}
+        for k in range(start, start + q):
+            epoch, pos = divmod(k, len(pool))
+            if epoch not in orders:  # one shuffle per epoch, not one per question
+                orders[epoch] = np.random.default_rng(cfg.seed + epoch + 1000 * i).permutation(len(pool))
+            picked.append(pool[orders[epoch][pos]])
+    return picked[rank::world]
 
 
 def load_models(cfg, accelerator, ckpt, start_step):
@@ -157,13 +215,15 @@ def test_accuracy(cfg, policy, planner, frozen_engine, toolbox, examples, accele
 
 def write_step(cfg, accelerator, step: int, metrics: dict, run_info: dict, trajs=()):
     """The metrics line (metrics.jsonl and console) and, every sample_every steps, one question's G
-    trajectories as text for a person to read. Main process only. Step 0 has only a test accuracy."""
+    trajectories as text for a person to read: question (step - 1) mod Q of the step's Q, so that the
+    samples go through every kind of a --kinds run. Main process only. Step 0 has only a test accuracy."""
     if not accelerator.is_main_process:
         return
     out = Path(cfg.out)
     if trajs and cfg.sample_every and step % cfg.sample_every == 0:
         (out / "samples").mkdir(exist_ok=True)
-        text = "\n\n".join(format_trajectory(tr) for tr in trajs[: cfg.group_size])
+        first = (step - 1) % (len(trajs) // cfg.group_size) * cfg.group_size
+        text = "\n\n".join(format_trajectory(tr) for tr in trajs[first:first + cfg.group_size])
         (out / "samples" / f"step-{step:06d}.txt").write_text(text + "\n")
     checkpoint.append_metrics(out / "metrics.jsonl", {**metrics, **run_info})
     if "reward_mean" in metrics:

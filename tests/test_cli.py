@@ -9,7 +9,7 @@ import pytest
 
 from conftest import ROOT
 
-SCRIPTS = [["train.py"], ["evaluate.py"], ["rollout.py"], ["demo.py"], ["bench.py"], ["tools.py"],
+SCRIPTS = [["train.py"], ["evaluate.py"], ["ask.py"], ["demo.py"], ["bench.py"],
            ["-m", "environment.tasks"], ["-m", "environment.corpus"], ["-m", "environment.search"],
            ["-m", "environment.sandbox"], ["-m", "environment.facts"], ["-m", "bookkeeping.tool_choice"], ["-m", "bookkeeping.reading_path"], ["-m", "scaleout.remote_engine"], ["scripts/gpu_check.py"],
            # the same scripts run by path, as their docstrings also allow (the repository root goes on sys.path)

@@ -274,7 +274,7 @@ def test_checkpoint_planner_and_frozen_model_come_from_the_step_folder(tiny_mode
 
 def test_on_a_cpu_the_rollout_sizes_are_the_cpu_presets_and_the_papers_are_a_flag_away(tmp_path):
     from config import PRESETS
-    from rollout import CPU_SIZES
+    from bookkeeping.cli import CPU_SIZES
 
     assert CPU_SIZES == {k: PRESETS["cpu"][k] for k in CPU_SIZES}  # one set of CPU sizes, trained and evaluated
     base = ["--data", "arithmetic", "--out", str(tmp_path / "o"), "--device", "cpu"]

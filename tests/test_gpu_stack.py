@@ -59,7 +59,7 @@ def test_temperature_zero_is_greedy_on_the_plain_engine_when_the_models_generati
     model.generation_config = GenerationConfig(**QWEN_INSTRUCT)
     for seed in range(4):
         torch.manual_seed(seed)
-        got = HFEngine(model, tokenizer, speedups=False).generate([chat], max_new_tokens=12, temperature=0.0)[0]
+        got = HFEngine(model, tokenizer).generate([chat], max_new_tokens=12, temperature=0.0)[0]
         assert got.response_ids == argmax[:len(got.response_ids)] and len(got.response_ids) > 0, seed
 
 

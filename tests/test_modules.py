@@ -9,6 +9,7 @@ import string
 
 import pytest
 
+import evaluate
 import modules
 from engine import encode_chat
 from memory import Memory
@@ -151,7 +152,7 @@ def test_prompts_are_short_fresh_chats_that_state_their_format(tokenizer):
         modules.executor_prompt(Q, "Local_Search", "find", ""),
         modules.verifier_prompt(Q, "", mem),
         modules.generator_prompt(Q, mem),
-        modules.direct_prompt(Q),
+        evaluate.direct_prompt(Q),
     ]
     for c in chats:
         assert [m["role"] for m in c] == ["system", "user"]

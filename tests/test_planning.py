@@ -21,7 +21,8 @@ from bookkeeping.report import paired_difference
 from engine import Generation
 from environment import facts, scoring, tasks
 from environment.game24 import _evaluate, _tokenize
-from rollout import RolloutConfig, format_trajectory, rollout
+from bookkeeping.report import format_trajectory
+from rollout import RolloutConfig, rollout
 from tools import TOOLS, Toolbox
 
 from conftest import ROOT

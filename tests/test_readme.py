@@ -82,7 +82,7 @@ def shorten(argv: list[str], tiny: str, cwd) -> list[str] | str:
         return set_flag(argv, "--steps", "2")  # one more step than the run it resumes
     if script == "train.py":
         return argv + ["--model", tiny, "--steps", "1", "--checkpoint-every", "1", *SMALL]
-    if script == "rollout.py":
+    if script == "ask.py":
         return argv + ["--model", tiny, *SMALL]
     if script == "evaluate.py" and "--compare" in has:
         return argv
@@ -92,7 +92,8 @@ def shorten(argv: list[str], tiny: str, cwd) -> list[str] | str:
         return argv + SMALL
     if script == "demo.py":
         return argv + ["--model", tiny, "--n", "3"]
-    if script == "tools.py" or argv[:2] in (["-m", "environment.facts"], ["-m", "environment.tasks"]):
+    if argv[:2] in (["-m", "environment.sandbox"], ["-m", "environment.search"], ["-m", "environment.facts"],
+                    ["-m", "environment.tasks"]):
         return argv  # no model: runs as written
     raise AssertionError(f"README command {' '.join(argv)!r} has no rule in tests/test_readme.py: add one")
 
@@ -123,7 +124,7 @@ def test_every_readme_command_runs_shortened(tiny_model_dir, tmp_path):
     for entry in ROOT.iterdir():  # the repository's files, its runs/ and tests/ left out
         if not entry.name.startswith(".") and entry.name not in ("runs", "tests"):
             (tmp_path / entry.name).symlink_to(entry)
-    (tmp_path / "snippet.py").write_text("print(6 * 7)\n")  # `python tools.py run-python snippet.py`
+    (tmp_path / "snippet.py").write_text("print(6 * 7)\n")  # `python -m environment.sandbox snippet.py`
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     ran, skipped = [], []
     for command in [TRAIN_ALONE] + [c for c, _ in readme_commands()]:

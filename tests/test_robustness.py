@@ -22,7 +22,8 @@ from accelerate import Accelerator
 from bookkeeping import checkpoint
 import tools
 from conftest import ROOT, make_tiny_model
-from rollout import RolloutConfig, rollout, rollout_stats
+from bookkeeping.metrics import rollout_stats
+from rollout import RolloutConfig, rollout
 from test_rollout import ScriptedEngine
 from test_train import TINY
 from test_update import turn

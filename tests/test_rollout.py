@@ -11,7 +11,9 @@ import torch
 import baselines
 import modules
 from engine import Generation
-from rollout import RolloutConfig, format_trajectory, rollout, rollout_stats
+from bookkeeping.metrics import rollout_stats
+from bookkeeping.report import format_trajectory
+from rollout import RolloutConfig, rollout
 from tools import Toolbox
 
 from conftest import ROOT
@@ -122,9 +124,9 @@ def test_a_planner_that_never_names_a_tool_still_ends_with_an_answer_and_is_coun
     assert rollout_stats([tr])["invalid_action_rate"] == 1.0
 
 
-def test_rollout_cli_prints_the_trajectory(tiny_model_dir):
+def test_ask_cli_prints_the_trajectory(tiny_model_dir):
     out = subprocess.run(
-        [sys.executable, "rollout.py", "--question", "What is 4821 * 37?", "--model", str(tiny_model_dir), "--max-turns", "1"],
+        [sys.executable, "ask.py", "--question", "What is 4821 * 37?", "--model", str(tiny_model_dir), "--max-turns", "1"],
         cwd=ROOT, capture_output=True, text=True, timeout=300,
     )
     assert out.returncode == 0, out.stderr[-2000:]

@@ -14,6 +14,7 @@ from safetensors.torch import load_file
 
 import modules
 import train
+from scaleout import launch
 from conftest import ROOT, make_tiny_model
 from engine import HFEngine, encode_chat
 from memory import Memory
@@ -171,13 +172,13 @@ def test_kinds_give_every_step_as_many_questions_of_each_kind_and_walk_through_e
     examples = tasks.load("planning", split="train", seed=0)
     cfg, _ = train.parse_args(["--data", "planning", "--questions-per-step", "8", "--mini-batch-questions", "8",
                                "--kinds", ",".join(kinds)])
-    steps = [train.questions_for_step(examples, cfg, s, 0, 1) for s in range(1, 21)]
+    steps = [launch.questions_for_step(examples, cfg, s, 0, 1) for s in range(1, 21)]
     assert all([e["kind"] for e in q] == [k for k in kinds for _ in range(2)] for q in steps)
     queries = [e["query"] for q in steps for e in q]
     assert len(set(queries)) == len(queries) == 160  # 40 of each kind, none twice within the pools' first epoch
-    assert [e["query"] for e in train.questions_for_step(examples, cfg, 1, 1, 2)] == queries[1:8:2]  # rank 1 of 2
+    assert [e["query"] for e in launch.questions_for_step(examples, cfg, 1, 1, 2)] == queries[1:8:2]  # rank 1 of 2
     plain, _ = train.parse_args(["--data", "planning", "--questions-per-step", "4", "--mini-batch-questions", "4"])
-    seen = {e["kind"] for s in range(1, 11) for e in train.questions_for_step(examples, plain, s, 0, 1)}
+    seen = {e["kind"] for s in range(1, 11) for e in launch.questions_for_step(examples, plain, s, 0, 1)}
     assert seen == set(kinds)
 
 
