@@ -196,12 +196,8 @@ def test_update_figures_in_the_metrics_are_means_over_every_processes_micro_batc
 
 # ---- the GPU check script -----------------------------------------------------------------------
 
-def test_gpu_check_refuses_without_cuda_and_its_checks_pass_in_cpu_mode(tmp_path):
+def test_gpu_check_refuses_without_cuda_and_says_how_to_run_its_cpu_mode():
+    """Its CPU mode (8 checks, about 80 s) runs in .ci/run, under the pinned transformers and 5.17."""
     res = subprocess.run(["bash", "scripts/gpu_check.sh"], cwd=ROOT, capture_output=True, text=True, timeout=120,
                          env={**ENV, "CUDA_VISIBLE_DEVICES": ""})
     assert res.returncode == 2 and "sees no CUDA GPU" in res.stderr and "--cpu" in res.stderr
-    res = subprocess.run(["bash", "scripts/gpu_check.sh", "--cpu", "--keep", str(tmp_path / "work")], cwd=ROOT,
-                         capture_output=True, text=True, timeout=600, env=ENV)
-    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-2000:]
-    passed = [line for line in res.stdout.splitlines() if line.startswith("PASS")]
-    assert len(passed) == 8 and "all 8 checks passed" in res.stdout
