@@ -250,7 +250,7 @@ def parse_args(argv=None) -> tuple[EvalConfig, argparse.Namespace]:
     --preset (train.py's, rollout fields only) < the command line. args.sizes_source says which."""
     parser = argparse.ArgumentParser(description="Evaluate AgentFlow or the model alone; or --compare result folders.")
     parser.add_argument("--preset", choices=sorted(PRESETS), help="take the rollout sizes (turns, token limits, memory, "
-                        "tools, speedups) of this train.py preset; the planner stays greedy unless --temperature")
+                        "tools) of this train.py preset; the planner stays greedy unless --temperature")
     parser.add_argument("--sizes", choices=SIZES, default="auto", help="without --preset: cpu (CPU_SIZES, the cpu "
                         "preset's: 2 turns, short replies), paper (EvalConfig's defaults: the paper's 10 turns, a query "
                         "analysis), auto (cpu on a CPU, paper on a GPU); a size flag wins over either")
