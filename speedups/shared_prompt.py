@@ -68,7 +68,12 @@ def forward(model, batch):
     ids, attention, R = batch["input_ids"], batch["attention_mask"], batch["mask"].shape[1]
     B, L = ids.shape
     lengths = attention.sum(-1).tolist()  # (B,) real tokens of each row
-    prompts = [n - int(m) for n, m in zip(lengths, batch["mask"].sum(-1).tolist())]  # (B,) |s_t|
+    # (B,) |s_t|: a response fills the last positions of the (R,) window and its first token is always
+    # trained (forced tokens, rollout.Turn.forced, come after it), so it starts at the first 1 of the
+    # mask. Not the mask's sum: the forced tokens would count as prompt, and a prefix shared past the
+    # true prompt (rows that drew the same tool) would lose the logit that predicts the tool token.
+    starts = (batch["mask"] > 0).float().argmax(-1).tolist()  # (B,) first trained window position
+    prompts = [n - (R - s) for n, s in zip(lengths, starts)]
     rows = [ids[b, L - lengths[b]:].tolist() for b in range(B)]
     P = min(prompts + [common_prefix(rows[0], r) for r in rows[1:]])  # shared by every row, and prompt only
     if B < 2 or P < MIN_SHARED or (model.training and _checkpointing(model)):

@@ -194,3 +194,25 @@ def test_the_update_computes_a_restricted_tool_choice_as_the_engine_recorded_it(
             for b, t in enumerate(chunk):
                 assert torch.allclose(lp[b, lp.shape[1] - len(t.response_ids):], torch.tensor(t.logprobs), atol=1e-4)
     assert len(computed) > 2 * len(chunks)  # some chunk shared its prefix (two calls: the prefix, then the rows)
+
+
+def test_rows_that_share_their_tool_choice_and_its_forced_infix_keep_the_plain_logprobs():
+    """cpu-plan's rows: one prompt, then the drawn tool token, the forced rest of its name and
+    "\\nSub-Goal:" (loss mask 0), then the sampled sub-goal. When every row of a chunk drew the same
+    tool, the rows share the prompt AND the first response tokens; the shared prefix must still end
+    within the prompt, so that the tool token's log-prob comes from the position that predicts it."""
+    torch.manual_seed(0)
+    model = make_tiny_model(1000).eval()
+    prompt, choice, infix = torch.randint(3, 900, (40,)).tolist(), 901, [902, 903, 904]
+    rows = []
+    for n in (5, 3, 6, 4):  # the same tool drawn for all four rows of the group, sub-goals of their own
+        resp = [choice] + infix + torch.randint(3, 900, (n,)).tolist()
+        rows.append(Turn(prompt, resp, [-1.0] * len(resp), "", "Python_Coder", "", "", True, False, advantage=1.0,
+                         traj_turns=2, forced=(1, 2, 3)))
+    [chunk] = shared_prompt.micro_batches(rows, 8)
+    batch = train.collate(chunk, 0, "cpu")
+    with torch.no_grad():
+        plain, shared = (token_logprobs(f(model, batch), batch["targets"]) for f in (train.forward, shared_prompt.forward))
+    keep = batch["mask"].bool()
+    assert keep[:, -len(rows[1].response_ids)].any()  # the tool token of the shortest row is a trained position
+    assert torch.allclose(plain[keep], shared[keep], atol=1e-5)
