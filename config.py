@@ -32,7 +32,7 @@ class Config(RolloutConfig):
     group_size: int = arg(8, "G: trajectories sampled per question")
     questions_per_step: int = arg(32, "questions per rollout batch, over all processes (paper: 32)")
     kinds: str = arg("", "train only on these kinds of question of --data (its 'kind' field), comma-separated, "
-                     "as many of each in every step ('' = every question, one shuffle)")
+                     "as many of each in every step; a kind listed twice gets twice as many ('' = every question, one shuffle)")
     # flow-grpo
     clip_low: float = arg(0.2, "eps_low of the clipped surrogate")
     clip_high: float = arg(0.3, "eps_high of the clipped surrogate")

@@ -60,8 +60,12 @@ class Memory:
         self.steps.append(step)
         return step
 
-    def render(self, budget: int = 1200, result_floor: int = 80) -> str:
+    def render(self, budget: int = 1200, result_floor: int = 80, findings: bool = False) -> str:
         """Render the steps as prompt text of at most about `budget` characters.
+
+        `findings` renders each step as one line, what its tool found ("Step 1: Fact_Lookup found:
+        founder of X: Y"), without its sub-goal and command: the planner's view (modules.planner_prompt),
+        in which the result, not an earlier sub-goal, is the text nearest to the sub-goal it writes.
 
         Results are the bulky part (a search returns passages, a program can print pages), so they are
         what gets cut: first every result is capped so that the whole fits, shortening the OLDEST step
@@ -73,21 +77,24 @@ class Memory:
         limits = [len(s.result) for s in self.steps]
         # 1. Shorten results, oldest first, until the rendering fits or each is at the floor.
         for i in range(len(self.steps)):
-            excess = len(self._render(limits)) - budget
+            excess = len(self._render(limits, findings=findings)) - budget
             if excess <= 0:
                 break
             limits[i] = max(result_floor, limits[i] - excess)
-        text = self._render(limits)
+        text = self._render(limits, findings=findings)
         # 2. Still too long (many steps): drop whole old steps and say so.
         dropped = 0
         while len(text) > budget and dropped < len(self.steps) - 1:
             dropped += 1
-            text = f"[steps 1-{dropped} omitted]\n" + self._render(limits[dropped:], self.steps[dropped:])
+            text = f"[steps 1-{dropped} omitted]\n" + self._render(limits[dropped:], self.steps[dropped:], findings)
         return text
 
-    def _render(self, limits, steps=None) -> str:
+    def _render(self, limits, steps=None, findings=False) -> str:
         lines = []
         for s, limit in zip(steps or self.steps, limits):
+            if findings:
+                lines.append(f"Step {s.index}: {s.tool} found: {cut_middle(s.result, limit)}")
+                continue
             lines.append(f"Step {s.index}: {s.tool} | Sub-goal: {s.sub_goal}")
             lines.append(f"Command: {cut_middle(s.command, 200)}")
             lines.append(f"Result: {cut_middle(s.result, limit)}")

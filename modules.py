@@ -97,7 +97,8 @@ def planner_prompt(query: str, analysis: str, tools, memory: Memory, memory_char
 
     What is the same for many prompts comes first, what changes comes last: the tool list and the
     format line (the same for every prompt that lists the tools in one order), then the question, then
-    the memory. Prompts then share a long prefix (on a first turn, all but the question), which the
+    what each earlier step found (Memory.render's findings: a result, not an earlier sub-goal, is then
+    the text nearest to the sub-goal the planner writes, and what it copies forward). Prompts then share a long prefix (on a first turn, all but the question), which the
     speed-ups compute once in the rollout's prefill and in the update."""
     return chat(
         "You choose the tool for the next step of an agent that answers questions.",
@@ -106,7 +107,7 @@ def planner_prompt(query: str, analysis: str, tools, memory: Memory, memory_char
         "Tool Name: <one of " + ", ".join(tools) + ">\nSub-Goal: <what this step must find or compute>\n"
         "Context: <facts from earlier steps that it needs>\n\n"
         f"Question: {query}\n" + (f"Analysis: {analysis.strip()}\n" if analysis.strip() else "")
-        + f"\nSteps so far:\n{memory.render(memory_chars)}",
+        + f"\nSteps so far:\n{memory.render(memory_chars, findings=True)}",
     )
 
 

@@ -265,7 +265,7 @@ def train(cfg: Config, reward_fn=None, given=frozenset(), accelerator=None) -> d
     per_mini = cfg.mini_batch_questions // world  # this process's questions per mini-batch
     if cfg.eval_every and start_step == 0:  # the untrained planner: step 0 of the learning curve
         acc = launch.test_accuracy(cfg, policy, planner, frozen_engine, toolbox, test_examples, accelerator)
-        launch.write_step(cfg, accelerator, 0, {"step": 0, "test_accuracy": acc}, run_info)
+        launch.write_step(cfg, accelerator, 0, {"step": 0, **acc}, run_info)
     metrics = {}
     for step in tqdm(range(start_step + 1, cfg.steps + 1), desc="steps", disable=not accelerator.is_main_process, file=sys.stderr):
         # ---- 1. rollout: G trajectories per question with the current planner, no gradients --------
@@ -309,10 +309,9 @@ def train(cfg: Config, reward_fn=None, given=frozenset(), accelerator=None) -> d
         # ---- 6. log: metrics reduced over processes, one line per step; samples; checkpoints -----
         metrics = step_metrics(step, trajs, rewards, group_of, len(trained), upd, rollout_s, update_s, accelerator, tools,
                                groups_trained=len({g for _, g in rows}) if cfg.filter_groups else None,
-                               kl_measured=cfg.kl_coef > 0)
+                               kl_measured=cfg.kl_coef > 0, kinds=tuple(sorted(set(cfg.kind_names()))))
         if cfg.eval_every and (step % cfg.eval_every == 0 or step == cfg.steps):
-            metrics["test_accuracy"] = launch.test_accuracy(cfg, policy, planner, frozen_engine, toolbox, test_examples,
-                                                             accelerator)
+            metrics |= launch.test_accuracy(cfg, policy, planner, frozen_engine, toolbox, test_examples, accelerator)
         launch.write_step(cfg, accelerator, step, metrics, run_info, trajs)
         if (cfg.checkpoint_every and step % cfg.checkpoint_every == 0) or step == cfg.steps:
             launch.save_checkpoint(cfg, accelerator, step, policy, tokenizer, optimizer)

@@ -4,6 +4,7 @@ One JSON line per step goes to metrics.jsonl and one `|`-separated line to the c
 follow TRL where one exists: frac_reward_zero_std, clip fractions):
 
     reward_mean, accuracy      mean R_i and the share of correct trajectories in the batch
+    reward_by_kind             mean R_i per kind of question (--kinds)
     frac_reward_zero_std       groups whose G rewards are all equal: they carry no learning signal
     kl, entropy                k3 KL to the frozen reference and entropy of pi_theta on the trained
                                response tokens (null on a step that trained no row: filter_groups)
@@ -13,6 +14,7 @@ follow TRL where one exists: frac_reward_zero_std, clip fractions):
     grad_norm, skipped_updates          the largest pre-clip gradient norm; non-finite updates skipped
     rollout_s, update_s, rollout_tok_s, update_tok_s
     test_accuracy              greedy accuracy on fixed test questions, every eval_every steps
+    test_accuracy_by_kind      the same per kind of question, when the questions name their kind
 
 Sums are all-reduced over processes, so every figure covers the whole batch of all ranks.
 rollout_stats counts the same rollout figures for one process's trajectories (evaluate.py's summary).
@@ -63,13 +65,14 @@ def add_optimizer_step(sums: dict, loss: float, grad_norm: float, applied: bool)
 
 
 def step_metrics(step, trajs, rewards, group_of, n_rows, upd, rollout_s, update_s, accelerator, tools,
-                 groups_trained=None, kl_measured=True) -> dict:
+                 groups_trained=None, kl_measured=True, kinds=()) -> dict:
     """Per-step metrics; sums are reduced over processes so every figure covers the whole batch.
 
     upd holds train.update's sums over the micro-batches this process trained (new_update_sums) and
     their count `micro`: the means here are over every process's micro-batches, not rank 0's.
     groups_trained (filter_groups, one process): how many groups had signal and were trained.
-    kl_measured False (kl_coef 0): no reference pass ran, so the KL is null, not a made-up 0."""
+    kl_measured False (kl_coef 0): no reference pass ran, so the KL is null, not a made-up 0.
+    kinds (--kinds, the same on every process): the mean reward of each kind's trajectories, reward_by_kind."""
     turns = [t for tr in trajs for t in tr.turns]
     calls = Counter(t.tool or "(none)" for t in turns)
     errors = Counter(t.tool or "(none)" for t in turns if is_error(t.result))
@@ -86,6 +89,9 @@ def step_metrics(step, trajs, rewards, group_of, n_rows, upd, rollout_s, update_
         "upd_loss": upd["loss"],
         **{f"calls/{t}": calls[t] for t in tools + ("(none)",)},
         **{f"errors/{t}": errors[t] for t in tools + ("(none)",)},
+        **{f"reward/{k}": float(sum(r for tr, r in zip(trajs, rewards.tolist()) if (tr.example or {}).get("kind") == k))
+           for k in kinds},
+        **{f"n/{k}": sum((tr.example or {}).get("kind") == k for tr in trajs) for k in kinds},
     }
     keys = sorted(sums)
     total = accelerator.reduce(torch.tensor([float(sums[k]) for k in keys], device=accelerator.device), "sum").tolist()
@@ -104,7 +110,7 @@ def step_metrics(step, trajs, rewards, group_of, n_rows, upd, rollout_s, update_
         "grad_norm": upd["grad_norm"], "skipped_updates": upd["skipped_updates"], "optimizer_steps": upd["optimizer_steps"],
         "rollout_s": rollout_s, "update_s": update_s,
         "rollout_tok_s": s["gen_tokens"] / max(rollout_s, 1e-9), "update_tok_s": s["update_tokens"] / max(update_s, 1e-9),
-    } | ({} if s["rows"] else {k: None for k in UPDATE_STATS}) | (  # nothing trained (filter_groups): no such figure
+    } | ({"reward_by_kind": {k: s[f"reward/{k}"] / max(s[f"n/{k}"], 1) for k in kinds}} if kinds else {}) | ({} if s["rows"] else {k: None for k in UPDATE_STATS}) | (  # nothing trained (filter_groups): no such figure
         {} if groups_trained is None else {"groups_trained": groups_trained}) | ({} if kl_measured else {"kl": None})
 
 

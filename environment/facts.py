@@ -105,18 +105,28 @@ def lookup(command) -> str:
     A command of several parts, "sub-goal | question" (what rollout.py sends), is read part by part:
     the first part that names an entity decides, and a later part only names the attribute when that
     part names none ("Zhelleis Vraelein | In which city was the founder of X born?" asks Zhelleis
-    Vraelein's birth city, not X's founder).
+    Vraelein's birth city, not X's founder). A part that ends in a copied finding, "founder of X:
+    Zhelleis Vraelein", stands for the entity after its last ": ".
 
     >>> lookup("Who founded Noullysk Foundry?")
     'founder of Noullysk Foundry: Brukras Veirtha'
     """
     parts = command.split(" | ") if isinstance(command, str) else [""]
+    # A part that ends in a copied finding, "... maker of X: Larhy Motors", is about the value it found:
+    # what one lookup found is what the next is asked about (a two-hop question's second hop).
+    parts = [_found(part) for part in parts]
     for i, part in enumerate(parts):
         if _named(part.lower()):
             if i + 1 < len(parts) and not _attribute_named(part):  # the entity alone: the rest says what of it
                 return _lookup_one(part + " " + " ".join(_unnamed(p) for p in parts[i + 1:]))
             return _lookup_one(part)
     return _lookup_one(command)
+
+
+def _found(part: str) -> str:
+    """The value after a part's last ": " when that value names an entity, else the part as it is."""
+    value = part.rpartition(": ")[2]
+    return value if value != part and _named(value.lower()) else part
 
 
 def _unnamed(text: str) -> str:

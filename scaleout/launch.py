@@ -132,7 +132,8 @@ def load_questions(cfg, accelerator) -> tuple[list, list]:
 def questions_for_step(examples, cfg, step, rank, world):
     """The questions of one step, for this process: a fixed shuffle per epoch of the training set, or,
     with --kinds, of each listed kind's questions, questions_per_step / len(kinds) of each (so that
-    every step holds each kind as often, not whatever mix a shuffle of 8 questions gives)."""
+    every step holds each kind as often, not whatever mix a shuffle of 8 questions gives). A kind listed
+    twice is two pools of it, each with its own shuffle: twice as many of its questions a step."""
     kinds = cfg.kind_names()
     pools = [[e for e in examples if e.get("kind") == k] for k in kinds] if kinds else [examples]
     q = cfg.questions_per_step // len(pools)
@@ -198,19 +199,28 @@ def write_config(cfg, accelerator, run_info: dict, lines=()):
         print("\n".join(["launcher: " + json.dumps(run_info), *lines]), file=sys.stderr)
 
 
-def test_accuracy(cfg, policy, planner, frozen_engine, toolbox, examples, accelerator) -> float:
-    """Greedy accuracy of the current planner on fixed test questions. Every process takes its share
-    of the questions; under FSDP every rank enters full_weights (a collective) even with none, and
-    generates with no collective of its own, however long its questions take."""
+def test_accuracy(cfg, policy, planner, frozen_engine, toolbox, examples, accelerator) -> dict:
+    """Greedy accuracy of the current planner on fixed test questions, overall (test_accuracy) and per
+    kind of question (test_accuracy_by_kind, when the examples name their kind). Every process takes its
+    share of the questions and reduces the same counts (one per kind of the whole list); under FSDP
+    every rank enters full_weights (a collective) even with none, and generates with no collective of
+    its own, however long its questions take."""
     mine = examples[accelerator.process_index::accelerator.num_processes]
     policy.eval()
     with distributed.full_weights(accelerator, policy, planner.model):
         trajs = rollout([ex["query"] for ex in mine], planner, frozen_engine, toolbox,
                         dataclasses.replace(cfg, temperature=0.0), examples=mine) if mine else []
     policy.train()
-    correct = sum(scoring.score(tr.final_output, tr.example) for tr in trajs)
-    both = accelerator.reduce(torch.tensor([float(correct), float(len(mine))], device=accelerator.device), "sum")
-    return float(both[0] / both[1].clamp(min=1))
+    kinds = sorted({ex["kind"] for ex in examples if "kind" in ex})
+    scores = [(tr.example.get("kind"), scoring.score(tr.final_output, tr.example)) for tr in trajs]
+    counts = [sum(s for _, s in scores), len(scores)]
+    for k in kinds:
+        counts += [sum(s for kind, s in scores if kind == k), sum(kind == k for kind, _ in scores)]
+    total = accelerator.reduce(torch.tensor(counts, dtype=torch.float, device=accelerator.device), "sum").tolist()
+    out = {"test_accuracy": total[0] / max(total[1], 1)}
+    if kinds:
+        out["test_accuracy_by_kind"] = {k: total[2 + 2 * i] / max(total[3 + 2 * i], 1) for i, k in enumerate(kinds)}
+    return out
 
 
 def write_step(cfg, accelerator, step: int, metrics: dict, run_info: dict, trajs=()):

@@ -56,6 +56,10 @@ def test_one_process_gradient_checkpointing_with_speedups_trains_resumes_and_eva
     lines = metrics(run)
     assert [m["step"] for m in lines] == [0, 1, 2, 3]
     assert all("test_accuracy" in m for m in lines) and all(m["optimizer_steps"] >= 1 for m in lines[1:])
+    # The arithmetic suite names each question's kind: the test accuracy per kind, beside the overall one.
+    by_kind = [m["test_accuracy_by_kind"] for m in lines]
+    assert all(b and all(0 <= a <= 1 for a in b.values()) for b in by_kind)
+    assert all(min(b.values()) <= m["test_accuracy"] <= max(b.values()) for b, m in zip(by_kind, lines))
     saved = json.loads((run / "config.json").read_text())
     assert saved["gradient_checkpointing"] and saved["speedups"]
     start, end = load_file(str(tiny_model_dir / "model.safetensors")), train_params(run, 3)
@@ -95,6 +99,7 @@ def test_fsdp_step_on_two_processes_with_different_trajectories_keeps_identical_
     assert any(not torch.equal(start[k], end[k]) for k in end if k in start)
     lines = metrics(out)
     assert [m["step"] for m in lines] == [0, 1, 2] and all("test_accuracy" in m for m in lines)
+    assert all("test_accuracy_by_kind" in m for m in lines)  # the same per-kind counts reduced on both ranks
     assert lines[-1]["processes"] == 2 and lines[-1]["distributed_type"] == "FSDP"
     # A resume under FSDP: the whole weights from the checkpoint, one more step, still identical.
     digest = (out / "params-rank0.sha256").read_text()

@@ -32,6 +32,23 @@ def test_render_drops_old_steps_when_results_alone_cannot_fit():
     assert "omitted" in text and "Step 30" in text
 
 
+def test_findings_render_one_line_a_step_ending_with_what_the_tool_found():
+    # The planner's view: what each step found, its result last on the line, without the sub-goal and
+    # command that a small planner would otherwise copy into its next sub-goal.
+    m = Memory()
+    m.add("Fact_Lookup", "founding year of Zhervym Motors", "founding year of Zhervym Motors | What is 57 plus ...",
+          "founding year of Zhervym Motors: 1856")
+    m.add("Python_Coder", "57 + 1856", "print(57 + 1856)", "1913")
+    assert m.render(findings=True) == ("Step 1: Fact_Lookup found: founding year of Zhervym Motors: 1856\n"
+                                       "Step 2: Python_Coder found: 1913")
+    long = Memory()
+    for i in range(30):
+        long.add("Python_Coder", f"goal {i}", f"print({i})", "r" * 500)
+    text = long.render(budget=600, findings=True)
+    assert len(text) <= 600 and "omitted" in text and "Step 30" in text and "goal" not in text
+    assert Memory().render(findings=True) == "(no steps yet)"
+
+
 def test_empty_memory_renders_a_placeholder():
     assert Memory().render() == "(no steps yet)"
 

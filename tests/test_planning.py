@@ -144,6 +144,12 @@ def test_fact_lookup_reads_a_command_part_by_part_and_the_first_part_that_names_
     # A two-hop question's second step: the bridge's fact, though the question names the first entity.
     two_hop = "In which city was the founder of Noullysk Foundry born?"
     assert facts.lookup(f"birth city of Brukras Veirtha | {two_hop}") == "birth city of Brukras Veirtha: Fulyrn"
+    # A sub-goal that copies the first step's finding is about the value it found, the bridge.
+    assert facts.lookup(f"founder of Noullysk Foundry: Brukras Veirtha | {two_hop}") == "birth city of Brukras Veirtha: Fulyrn"
+    assert facts.lookup(f"Find the founder of Noullysk Foundry: Brukras Veirtha | {two_hop}") == facts.lookup(
+        f"Brukras Veirtha | {two_hop}")
+    # ... only when that value names an entity: a copied year leaves the part as it is.
+    assert facts.lookup(f"founding year of Noullysk Foundry: 1856 | {question}") == "founding year of Noullysk Foundry: 1856"
     # The sub-goal names no entity: the next part decides.
     assert facts.lookup("Find a fact about a person | Who founded Noullysk Foundry?") == facts.lookup("Who founded Noullysk Foundry?")
     assert facts.lookup("a | b").startswith("Error: Fact_Lookup found no")

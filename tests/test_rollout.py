@@ -236,7 +236,13 @@ def test_done_is_not_offered_on_turn_1_and_a_planner_that_picks_it_at_turn_2_end
     assert rollout_stats(trajs)["empty_command_rate"] == 0.0 and rollout_stats(trajs)["tool_calls"]["Done"] == 4
     m = step_metrics(1, trajs, torch.tensor([1.0, 0.0, 0.0, 0.0]), [0] * 4, 0, new_update_sums(), 0.0, 0.0,
                      Accelerator(cpu=True), tools)
-    assert m["empty_command_rate"] == 0.0 and m["turns_per_traj"] == 2.0
+    assert m["empty_command_rate"] == 0.0 and m["turns_per_traj"] == 2.0 and "reward_by_kind" not in m
+    # --kinds: the mean reward of each kind's trajectories (a kind the step did not draw: 0 of 0 -> 0).
+    for tr, kind in zip(trajs, ["calculation", "calculation", "fact", "fact"]):
+        tr.example = {"kind": kind}
+    m = step_metrics(1, trajs, torch.tensor([1.0, 0.0, 1.0, 1.0]), [0, 0, 1, 1], 0, new_update_sums(), 0.0, 0.0,
+                     Accelerator(cpu=True), tools, kinds=("calculation", "fact", "two-hop"))
+    assert m["reward_by_kind"] == {"calculation": 0.5, "fact": 1.0, "two-hop": 0.0}
 
 
 def test_a_python_coder_sub_goal_that_is_plain_arithmetic_runs_as_it_is_without_an_executor_call():
