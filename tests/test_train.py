@@ -162,13 +162,13 @@ def test_filter_groups_trains_only_the_groups_whose_rewards_differ(tiny_model_di
 
 
 def test_kinds_give_every_step_as_many_questions_of_each_kind_and_walk_through_each_kind():
-    # --kinds (the cpu-plan preset's four): 2 of each kind in every step of 8, no question again before
+    # --kinds (the planning suite's four): 2 of each kind in every step of 8, no question again before
     # its kind's pool is used up; without --kinds the one shuffle of all questions, as before.
     from config import PRESETS
     from environment import tasks
 
     kinds = ["calculation", "fact", "fact-then-sum", "two-hop"]
-    assert PRESETS["cpu-plan"]["kinds"] == ",".join(kinds)
+    assert set(PRESETS["cpu-plan"]["kinds"].split(",")) == set(kinds)
     examples = tasks.load("planning", split="train", seed=0)
     cfg, _ = train.parse_args(["--data", "planning", "--questions-per-step", "8", "--mini-batch-questions", "8",
                                "--kinds", ",".join(kinds)])
@@ -177,6 +177,12 @@ def test_kinds_give_every_step_as_many_questions_of_each_kind_and_walk_through_e
     queries = [e["query"] for q in steps for e in q]
     assert len(set(queries)) == len(queries) == 160  # 40 of each kind, none twice within the pools' first epoch
     assert [e["query"] for e in launch.questions_for_step(examples, cfg, 1, 1, 2)] == queries[1:8:2]  # rank 1 of 2
+    # A kind listed twice (the cpu-plan preset's multi-step kinds): twice its questions, each pool its own shuffle.
+    twice, _ = train.parse_args(["--data", "planning", "--questions-per-step", "6", "--mini-batch-questions", "6",
+                                 "--kinds", "calculation,fact,two-hop,two-hop,fact-then-sum,fact-then-sum"])
+    step = launch.questions_for_step(examples, twice, 1, 0, 1)
+    assert [e["kind"] for e in step] == ["calculation", "fact"] + ["two-hop"] * 2 + ["fact-then-sum"] * 2
+    assert step[2]["query"] != step[3]["query"] and step[4]["query"] != step[5]["query"]
     plain, _ = train.parse_args(["--data", "planning", "--questions-per-step", "4", "--mini-batch-questions", "4"])
     seen = {e["kind"] for s in range(1, 11) for e in launch.questions_for_step(examples, plain, s, 0, 1)}
     assert seen == set(kinds)
