@@ -74,13 +74,14 @@ PRESETS = {
     # - The action is the tool: one token drawn among the listed tools' first tokens at tool_temperature
     #   (planner_tokens 1; the sub-goal is then the question), in the one tool order it is evaluated in.
     # - kinds: as many questions of each kind a step, all of a step's questions in one optimiser step.
-    # - One turn, no verifier: what routing needs. A high lr for the few optimiser steps; the top 6
-    #   layers trained and no KL term, so the update runs no reference pass and a short backward.
+    # - One turn, no verifier: what routing needs. A high lr for the few optimiser steps (2e-4 swung
+    #   every question to one tool and back on the four-kind suite: README); the top 6 layers trained
+    #   and no KL term, so the update runs no reference pass and a short backward.
     "cpu-demo": dict(model=EMBEDDED, data="planning", tools="Python_Coder,Fact_Lookup", tool_temperature=2.0,
                      kinds="calculation,fact", group_size=6, questions_per_step=8, mini_batch_questions=8, max_turns=1,
                      verify=False, analysis_tokens=0, planner_tokens=1, executor_tokens=24, verifier_tokens=6,
                      generator_tokens=12, memory_chars=500, temperature=0.7, filter_groups=True,
-                     lr=2e-4, steps=12, train_layers=6, kl_coef=0.0,
+                     lr=1e-4, steps=12, train_layers=6, kl_coef=0.0,
                      eval_every=2, eval_n=20, checkpoint_every=10, max_batch=64),
     # The multi-step planner (issue 24; it has not learned the multi-step plans: README, "The multi-step
     # planner"): cpu-demo's recipe over two turns on every kind of the planning suite, the two multi-step
