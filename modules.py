@@ -98,8 +98,9 @@ def planner_prompt(query: str, analysis: str, tools, memory: Memory, memory_char
     What is the same for many prompts comes first, what changes comes last: the tool list and the
     format line (the same for every prompt that lists the tools in one order), then the question, then
     what each earlier step found (Memory.render's findings: a result, not an earlier sub-goal, is then
-    the text nearest to the sub-goal the planner writes, and what it copies forward). Prompts then share a long prefix (on a first turn, all but the question), which the
-    speed-ups compute once in the rollout's prefill and in the update."""
+    the text nearest to the sub-goal the planner writes, and what it copies forward). Prompts then
+    share a long prefix (on a first turn, all but the question), which the speed-ups compute once in
+    the rollout's prefill and in the update."""
     return chat(
         "You choose the tool for the next step of an agent that answers questions.",
         f"Tools:\n{render_for_planner(tools)}\n\n"

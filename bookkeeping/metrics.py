@@ -74,6 +74,7 @@ def step_metrics(step, trajs, rewards, group_of, n_rows, upd, rollout_s, update_
     kl_measured False (kl_coef 0): no reference pass ran, so the KL is null, not a made-up 0.
     kinds (--kinds, the same on every process): the mean reward of each kind's trajectories, reward_by_kind."""
     turns = [t for tr in trajs for t in tr.turns]
+    kind_of = [(tr.example or {}).get("kind") for tr in trajs]  # (N,) for reward_by_kind
     calls = Counter(t.tool or "(none)" for t in turns)
     errors = Counter(t.tool or "(none)" for t in turns if is_error(t.result))
     sums = {
@@ -89,9 +90,8 @@ def step_metrics(step, trajs, rewards, group_of, n_rows, upd, rollout_s, update_
         "upd_loss": upd["loss"],
         **{f"calls/{t}": calls[t] for t in tools + ("(none)",)},
         **{f"errors/{t}": errors[t] for t in tools + ("(none)",)},
-        **{f"reward/{k}": float(sum(r for tr, r in zip(trajs, rewards.tolist()) if (tr.example or {}).get("kind") == k))
-           for k in kinds},
-        **{f"n/{k}": sum((tr.example or {}).get("kind") == k for tr in trajs) for k in kinds},
+        **{f"reward/{k}": float(rewards[[kind == k for kind in kind_of]].sum()) for k in kinds},
+        **{f"n/{k}": kind_of.count(k) for k in kinds},
     }
     keys = sorted(sums)
     total = accelerator.reduce(torch.tensor([float(sums[k]) for k in keys], device=accelerator.device), "sum").tolist()
@@ -110,7 +110,8 @@ def step_metrics(step, trajs, rewards, group_of, n_rows, upd, rollout_s, update_
         "grad_norm": upd["grad_norm"], "skipped_updates": upd["skipped_updates"], "optimizer_steps": upd["optimizer_steps"],
         "rollout_s": rollout_s, "update_s": update_s,
         "rollout_tok_s": s["gen_tokens"] / max(rollout_s, 1e-9), "update_tok_s": s["update_tokens"] / max(update_s, 1e-9),
-    } | ({"reward_by_kind": {k: s[f"reward/{k}"] / max(s[f"n/{k}"], 1) for k in kinds}} if kinds else {}) | ({} if s["rows"] else {k: None for k in UPDATE_STATS}) | (  # nothing trained (filter_groups): no such figure
+    } | ({"reward_by_kind": {k: s[f"reward/{k}"] / max(s[f"n/{k}"], 1) for k in kinds}} if kinds else {}) | (
+        {} if s["rows"] else {k: None for k in UPDATE_STATS}) | (  # nothing trained (filter_groups): no such figure
         {} if groups_trained is None else {"groups_trained": groups_trained}) | ({} if kl_measured else {"kl": None})
 
 
