@@ -12,7 +12,10 @@ The command is read loosely, because a frozen 135M executor writes it:
 
     entity     every invented word of the world names one entity (corpus.py guarantees it), so any
                invented word in the command picks its entity; several: the one whose attribute the
-               command names, else the first named
+               command names, else the first named. A capitalised word of 5 letters or more that is
+               no invented word (and at most 24) stands for the invented word it spells nearly ("Nequirn" for
+               "Neiquirn", difflib ratio >= 0.75): a 135M planner that copies a name from its memory
+               misspells it often (README, "The multi-step planner")
     attribute  keywords of the entity's kind ("year", "founded", "born", "city", "country", ...),
                each attribute scored by how many of its keywords the command holds; the first
                attribute wins a tie; none named: every fact of the entity, on one line
@@ -29,6 +32,7 @@ Run:   python -m environment.facts "founder of Zhervym Motors"
 Test:  python -m pytest -q tests/test_planning.py
 """
 
+import difflib
 import functools
 import os
 import re
@@ -69,8 +73,7 @@ KINDS = tuple(ATTRIBUTES)
 
 def _words(name: str) -> list[str]:
     """The invented words of a name: "Zhervym Motors" -> ["zhervym"] (suffixes and kinds are common words)."""
-    common = {w.lower() for w in corpus.COMPANY_SUFFIXES} | {thing for thing, _ in corpus.INVENTION_KINDS}
-    return [w.lower() for w in name.split() if w.lower() not in common]
+    return [w.lower() for w in name.split() if w.lower() not in _common()]
 
 
 @functools.lru_cache(maxsize=1)
@@ -116,7 +119,7 @@ def lookup(command) -> str:
     # what one lookup found is what the next is asked about (a two-hop question's second hop).
     parts = [_found(part) for part in parts]
     for i, part in enumerate(parts):
-        if _named(part.lower()):
+        if _named(part):
             if i + 1 < len(parts) and not _attribute_named(part):  # the entity alone: the rest says what of it
                 return _lookup_one(part + " " + " ".join(_unnamed(p) for p in parts[i + 1:]))
             return _lookup_one(part)
@@ -126,33 +129,59 @@ def lookup(command) -> str:
 def _found(part: str) -> str:
     """The value after a part's last ": " when that value names an entity, else the part as it is."""
     value = part.rpartition(": ")[2]
-    return value if value != part and _named(value.lower()) else part
+    return value if value != part and _named(value) else part
 
 
 def _unnamed(text: str) -> str:
     """The text with every invented word taken out (so that it names an attribute but no entity)."""
-    _, by_word, _ = _world()
-    return re.sub(r"[A-Za-z]+", lambda m: "" if m.group().lower() in by_word else m.group(), text)
+    return re.sub(r"[A-Za-z]+", lambda m: "" if _named(m.group()) else m.group(), text)
 
 
 def _named(text: str) -> list:
+    """The (kind, entity) of every entity the text names, in order, an entity as often as it is named."""
+    return [hit for _, hit in _hits(text)]
+
+
+def _hits(text: str) -> list:
+    """(position, (kind, entity)) of every word of the text that names an entity: an invented word, or a
+    capitalised word that nearly spells one (_near)."""
     _, by_word, _ = _world()
-    return [by_word[w] for w in re.findall(r"[a-z]+", text) if w in by_word]
+    found = []
+    for m in re.finditer(r"[A-Za-z]+", text):
+        word = m.group()
+        hit = by_word.get(word.lower()) or (_near(word.lower()) if word[0].isupper() and 5 <= len(word) <= 24 else None)
+        if hit:
+            found.append((m.start(), hit))
+    return found
+
+
+@functools.lru_cache(maxsize=4096)
+def _near(word: str):
+    """The entity of the invented word that `word` nearly spells, or None; common words never match."""
+    _, by_word, _ = _world()
+    if word in _common():
+        return None
+    close = difflib.get_close_matches(word, list(by_word), n=1, cutoff=0.75)
+    return by_word[close[0]] if close else None
+
+
+@functools.lru_cache(maxsize=1)
+def _common() -> frozenset:
+    return frozenset({w.lower() for w in corpus.COMPANY_SUFFIXES} | {thing for thing, _ in corpus.INVENTION_KINDS})
 
 
 def _attribute_named(text: str) -> bool:
     t = text.lower()
-    return any(_has(k, t) for kind, _ in _named(t) for _, _, keys in ATTRIBUTES[kind] for k in keys)
+    return any(_has(k, t) for kind, _ in _named(text) for _, _, keys in ATTRIBUTES[kind] for k in keys)
 
 
 def _lookup_one(command) -> str:
-    text = command.lower() if isinstance(command, str) else ""
-    _, by_word, _ = _world()
+    command = command if isinstance(command, str) else ""
+    text = command.lower()
     named = []  # (position in the command, kind, entity), each entity once
-    for m in re.finditer(r"[a-z]+", text):
-        hit = by_word.get(m.group())
-        if hit and all(hit[1] is not e for _, _, e in named):
-            named.append((m.start(), *hit))
+    for pos, hit in _hits(command):
+        if all(hit[1] is not e for _, _, e in named):
+            named.append((pos, *hit))
     if not named:
         return ("Error: Fact_Lookup found no person, city, company or invention of the encyclopedia in "
                 f"{str(command)[:80]!r}; name one, e.g. 'founder of <company>'")

@@ -155,6 +155,26 @@ def test_fact_lookup_reads_a_command_part_by_part_and_the_first_part_that_names_
     assert facts.lookup("a | b").startswith("Error: Fact_Lookup found no")
 
 
+def test_fact_lookup_reads_a_name_copied_with_a_slip_as_the_name_it_nearly_spells():
+    """The trained planner copies the bridge entity from its memory into the next sub-goal, often with
+    a letter wrong ("Finds: Nequirn Holdings" for Neiquirn Holdings): a capitalised word that nearly
+    spells an invented one stands for it; a common word, a lower-case word or a far one does not."""
+    two_hop = "In which city is the maker of the Nendreisk loom headquartered?"
+    right = "headquarters city of Neiquirn Holdings: Haquuzhy"
+    assert facts.lookup(f"Finds: Neiquirn Holdings | {two_hop}") == right
+    assert facts.lookup(f"Finds: Nequirn Holdings | {two_hop}") == right
+    assert facts.lookup(f"Finds: Neiquimn Holdings | {two_hop}") == right
+    first_hop = facts.lookup(two_hop)
+    assert first_hop == "maker of Nendreisk loom: Neiquirn Holdings"
+    assert facts.lookup(f"Finds: nequirn holdings | {two_hop}") == first_hop  # lower case: not a name
+    assert facts.lookup(f"Finds: Nequishlooms | {two_hop}") == first_hop  # too far from any name
+    assert facts.lookup("Holdings Motors Which Where Finds").startswith("Error: Fact_Lookup found no")
+    # No question of the suites changes: their names are spelled right (the fixed plans' commands).
+    by_word = facts._world()[1]
+    for e in tasks.load("planning", "test"):
+        assert facts._named(e["query"]) == [by_word[w] for w in re.findall(r"[a-z]+", e["query"].lower()) if w in by_word]
+
+
 @pytest.mark.parametrize("command", ["", "   ", None, 42, "x" * 100_000, "What is 2 + 2?", "Zhervym\x00\n\t",
                                      "ünïcödé ℵ 🚀", "((((", "founder of", "Noullysk " * 5000, b"bytes"])
 def test_fact_lookup_never_raises(command):
