@@ -83,9 +83,9 @@ PRESETS = {
                      generator_tokens=12, memory_chars=500, temperature=0.7, filter_groups=True,
                      lr=1e-4, steps=12, train_layers=6, kl_coef=0.0,
                      eval_every=2, eval_n=20, checkpoint_every=10, max_batch=64),
-    # The multi-step planner (issue 24; it has not learned the multi-step plans: README, "The multi-step
-    # planner"): cpu-demo's recipe over two turns on every kind of the planning suite, the two multi-step
-    # kinds listed twice (two questions of each a step, one of each one-step kind). Each turn's action is
+    # The multi-step planner (issue 24; it learns carrying sub-goals, not yet the tool plans: README,
+    # "The multi-step planner"): cpu-demo's recipe over two turns on every kind of the planning suite, the
+    # two multi-step kinds listed twice (two questions of each a step, one of each one-step kind). Each turn's action is
     # the tool drawn as one token (at tool temperature 4: three tools), then the sub-goal the planner
     # writes (planner_tokens - 1 tokens), which the tool or its executor reads (rollout.plan_chosen);
     # Done stops, offered from turn 2 on. Fact_Lookup listed first: three kinds of four begin with it, and
