@@ -12,10 +12,10 @@ The command is read loosely, because a frozen 135M executor writes it:
 
     entity     every invented word of the world names one entity (corpus.py guarantees it), so any
                invented word in the command picks its entity; several: the one whose attribute the
-               command names, else the first named. A capitalised word of 5 letters or more that is
-               no invented word (and at most 24) stands for the invented word it spells nearly ("Nequirn" for
-               "Neiquirn", difflib ratio >= 0.75): a 135M planner that copies a name from its memory
-               misspells it often (README, "The multi-step planner")
+               command names, else the first named. A capitalised word of 5 to 24 letters that is no
+               invented word stands for the invented word it nearly spells ("Nequirn" for "Neiquirn",
+               difflib ratio >= 0.75): a 135M planner that copies a name from its memory often
+               misspells it (README, "The multi-step planner")
     attribute  keywords of the entity's kind ("year", "founded", "born", "city", "country", ...),
                each attribute scored by how many of its keywords the command holds; the first
                attribute wins a tie; none named: every fact of the entity, on one line
@@ -161,7 +161,7 @@ def _near(word: str):
     _, by_word, _ = _world()
     if word in _common():
         return None
-    close = difflib.get_close_matches(word, list(by_word), n=1, cutoff=0.75)
+    close = difflib.get_close_matches(word, by_word.keys(), n=1, cutoff=0.75)
     return by_word[close[0]] if close else None
 
 
@@ -176,10 +176,9 @@ def _attribute_named(text: str) -> bool:
 
 
 def _lookup_one(command) -> str:
-    command = command if isinstance(command, str) else ""
-    text = command.lower()
+    text = command.lower() if isinstance(command, str) else ""
     named = []  # (position in the command, kind, entity), each entity once
-    for pos, hit in _hits(command):
+    for pos, hit in _hits(command if isinstance(command, str) else ""):
         if all(hit[1] is not e for _, _, e in named):
             named.append((pos, *hit))
     if not named:

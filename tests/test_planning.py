@@ -182,6 +182,10 @@ def test_fact_lookup_never_raises(command):
     assert isinstance(result, str) and len(result) < 400
 
 
+def test_fact_lookup_error_names_what_it_was_given():
+    assert "in '42';" in facts.lookup(42)
+
+
 def test_fact_lookup_fuzz_never_raises():
     rng = random.Random(0)
     words = ["founder", "year", "city", "Noullysk", "Veirtha", "born", "population", "Fulyrn", "?", "of", "the", "\n"]
