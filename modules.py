@@ -142,9 +142,12 @@ def generator_prompt(query: str, memory: Memory, memory_chars: int = 1200) -> li
     answer>" in the format line: a small model copies it verbatim (results/demo/history.md).
 
     The last step's value is restated before the request: with two labelled facts in memory (a
-    two-hop question's bridge and its answer) the 135M generator otherwise copies either one.
+    two-hop question's bridge and its answer) the 135M generator otherwise copies either one. A failed
+    step (an "Error: ..." result) is passed over: after a right result and a failed call, the value to
+    restate is the right result's, not the error message, which the generator would copy.
     """
-    last = memory.steps[-1].result.split(": ", 1)[-1].strip() if memory.steps else ""
+    found = [s.result for s in memory.steps if not s.result.startswith("Error:")]
+    last = found[-1].split(": ", 1)[-1].strip() if found else ""
     return chat(
         "You answer questions from the results of tools.",
         f"Question: {query}\n\nSteps so far:\n{memory.render(memory_chars)}\n\n"

@@ -176,3 +176,9 @@ def test_the_generator_prompt_restates_the_last_steps_value():
     assert user.index("Steps so far:") < user.index("The last step's result") < user.index("Reply with the answer only.")
     mem.add("Python_Coder", "57 + 1856", "print(57 + 1856)", "1913\n")  # a result without a label
     assert "The last step's result answers the question: 1913\n" in modules.generator_prompt(q, mem)[1]["content"]
+    mem.add("Fact_Lookup", "1913", "1913", "Error: Fact_Lookup found no person, city, company or invention")
+    user = modules.generator_prompt(q, mem)[1]["content"]  # a failed last step: the last value found
+    assert "The last step's result answers the question: 1913\n" in user and "found no person" in user
+    only_errors = Memory()
+    only_errors.add("Python_Coder", "x", "print(x)", "Error: NameError: name 'x' is not defined")
+    assert "last step" not in modules.generator_prompt(q, only_errors)[1]["content"]
