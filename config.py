@@ -40,8 +40,6 @@ class Config(RolloutConfig):
     kl_coef: float = arg(0.001, "beta, the weight of KL(pi_theta || pi_ref)")
     kl_kind: str = arg("low_var_kl", "KL estimator: low_var_kl (k3, official) or k1")
     agg: str = arg("token-mean", "loss aggregation: token-mean (official) or flow (the paper's 1/G 1/T_i 1/|a|)")
-    tool_weight: float = arg(1.0, "the weight in the loss of a tool drawn as one token (--tool-temperature), "
-                             "against 1 for each token of the sub-goal (1 = the official token mean)")
     credit: str = arg("broadcast", "which planner turns get the trajectory's advantage A_i: broadcast (every turn, "
                       "Flow-GRPO) or last (only each trajectory's last turn: the ablation that shows why the broadcast matters)")
     scale_advantages: bool = arg(True, "divide by the group std (paper); off = Dr. GRPO")

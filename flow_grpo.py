@@ -164,8 +164,6 @@ def agg_loss(per_token: torch.Tensor, mask: torch.Tensor, agg: str = "token-mean
     the full-batch loss, so gradient accumulation needs no further rescaling.
     group_size (G) is not needed for the value; if given with agg="flow" and no normaliser, it
     checks that the batch holds whole groups (else the default normaliser would be wrong).
-    mask is each token's weight: 0 leaves it out, 1 counts it once (train.collate gives a drawn tool
-    choice --tool-weight); the normalisers count tokens, not weights, so a weight w counts a token w times.
     Masked positions contribute exactly 0 to the value and to the gradient, whatever they hold.
     """
     if agg not in AGGREGATIONS:
@@ -177,7 +175,7 @@ def agg_loss(per_token: torch.Tensor, mask: torch.Tensor, agg: str = "token-mean
     # leak into the value; per_token gets a gradient of exactly 0 there. An op upstream that made
     # an inf can still turn that 0 into NaN (0 * inf), which is why policy_loss masks the log-ratio
     # before exp() and kl_penalty clamps.
-    per_token = torch.where(keep, per_token * mask, torch.zeros_like(per_token))  # (B, R) mask: each token's weight
+    per_token = torch.where(keep, per_token, torch.zeros_like(per_token))  # (B, R)
     if normaliser is not None and float(normaliser) <= 0:
         raise ValueError(f"normaliser must be > 0, got {float(normaliser)}")
 

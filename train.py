@@ -88,10 +88,8 @@ def step_seed(seed: int, step: int, rank: int) -> int:
 # positions (logits_to_keep): on a 49k vocabulary that is most of the memory of a forward pass.
 
 
-def collate(turns, pad_id: int, device, tool_weight: float = 1.0) -> dict:
-    """Left-pad rows into tensors. The loss mask is built from recorded lengths, never from token ids;
-    it is each token's weight in the loss: 1 for a token the planner wrote, 0 for one it did not, and
-    tool_weight for a drawn tool choice (--tool-weight)."""
+def collate(turns, pad_id: int, device) -> dict:
+    """Left-pad rows into tensors. The loss mask is built from recorded lengths, never from token ids."""
     ids, attn = left_pad([t.prompt_ids + t.response_ids for t in turns], pad_id)  # (B, L)
     B, L, R = len(turns), ids.shape[1], max(len(t.response_ids) for t in turns)
     mask, old, ref = torch.zeros((B, R)), torch.zeros((B, R)), torch.zeros((B, R))
@@ -99,8 +97,6 @@ def collate(turns, pad_id: int, device, tool_weight: float = 1.0) -> dict:
         n = len(t.response_ids)
         mask[b, R - n:] = 1
         mask[b, [R - n + p for p in t.forced]] = 0  # tokens the rollout wrote, not the planner
-        if t.first_choices:
-            mask[b, R - n] = tool_weight  # the tool, drawn as the response's first token
         old[b, R - n:] = torch.tensor(t.logprobs)
         if t.ref_logp is not None:
             ref[b, R - n:] = torch.tensor(t.ref_logp)
@@ -206,7 +202,7 @@ def update(cfg, accelerator, policy, optimizer, minis, pad: int, path: RowPath =
                 # Accumulate: no gradient all-reduce until the last micro-batch of this mini-batch (under
                 # FSDP every micro-batch reduce-scatters, so no full gradient is held: distributed.py).
                 with distributed.accumulation_context(accelerator, policy, i == len(chunks) - 1), accelerator.autocast():
-                    batch = collate(chunk, pad, accelerator.device, cfg.tool_weight)
+                    batch = collate(chunk, pad, accelerator.device)
                     logits = path.forward(policy, batch)  # (B, R, V)
                     logits = restrict_first_token(logits, batch, cfg.temperature, cfg.tool_temperature)  # the tool choice
                     logp = token_logprobs(logits, batch["targets"], cfg.temperature)  # (B, R)

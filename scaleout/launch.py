@@ -62,7 +62,6 @@ def validate(cfg: Config, world: int = 1):
         (cfg.micro_batch_rows >= 1 and cfg.epochs >= 1, "--micro-batch-rows and --epochs must be >= 1"),
         (cfg.train_layers >= 0, f"--train-layers {cfg.train_layers}: must be >= 0 (0 trains every layer)"),
         (cfg.tool_temperature >= 0, f"--tool-temperature {cfg.tool_temperature}: must be >= 0 (0 = the tool as free text)"),
-        (cfg.tool_weight > 0, f"--tool-weight {cfg.tool_weight}: must be > 0 (1 = every token weighs the same)"),
         (cfg.questions_per_step % max(len(cfg.kind_names()), 1) == 0,
          f"--questions-per-step {cfg.questions_per_step} must be a multiple of the {len(cfg.kind_names())} --kinds"),
         (not cfg.filter_groups or world == 1, "--filter-groups leaves each process a different number of rows, which "

@@ -69,8 +69,7 @@ def test_a_non_finite_loss_skips_the_update_and_leaves_the_weights_alone(tokeniz
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
     before = {k: v.clone() for k, v in model.state_dict().items()}
     cfg = types.SimpleNamespace(epochs=1, agg="token-mean", micro_batch_rows=4, temperature=1.0, clip_low=0.2,
-                                clip_high=0.3, clip_c=0.0, kl_kind="low_var_kl", kl_coef=0.001, grad_clip=1.0,
-                                tool_temperature=0.0, tool_weight=1.0)
+                                clip_high=0.3, clip_c=0.0, kl_kind="low_var_kl", kl_coef=0.001, grad_clip=1.0, tool_temperature=0.0)
     good = turn([1, 2, 3], [4, 5], [-1.0, -2.0], 1.0, 1, [-1.0, -2.0])
     bad = turn([1, 2, 3], [6, 7], [float("nan"), -2.0], -1.0, 1, [-1.0, -2.0])  # a NaN from anywhere upstream
     with pytest.warns(UserWarning, match="update skipped"):

@@ -227,34 +227,9 @@ def test_the_token_mean_normaliser_leaves_the_forced_positions_out():
         row.logprobs = token_logprobs(train.forward(model, batch), batch["targets"], 0.7)[0].tolist()
     cfg = types.SimpleNamespace(epochs=1, agg="token-mean", micro_batch_rows=4, temperature=0.7, clip_low=0.2,
                                 clip_high=0.3, clip_c=0.0, kl_kind="low_var_kl", kl_coef=0.0, grad_clip=1.0,
-                                tool_temperature=0.0, tool_weight=1.0)
+                                tool_temperature=0.0)
     sums = train.update(cfg, Accelerator(cpu=True), model, torch.optim.SGD(model.parameters(), lr=0.0), [[row]], 0)
     assert abs(sums["loss"] - (-0.8)) < 1e-5
-
-
-def test_tool_weight_counts_the_drawn_tool_token_w_times_in_the_token_mean():
-    """--tool-weight w: the tool drawn as a row's first token weighs w in the loss, every sub-goal token 1,
-    the normaliser still counts tokens. With ratio 1 and no KL, a row of 1 tool + 2 forced + 2 sub-goal
-    tokens gives -A (w + 2) / 3; a row whose first token was free text keeps weight 1."""
-    import types
-    from accelerate import Accelerator
-    from flow_grpo import token_logprobs
-
-    model = make_tiny_model(100)
-    drawn, free = _turn(5, forced=(1, 2), advantage=0.8), _turn(3, advantage=0.8)
-    drawn.first_choices = (20, 30)  # the tool's first token (20) and the other tool's
-    assert train.collate([drawn, free], 0, "cpu", tool_weight=4.0)["mask"].tolist() == [[4, 0, 0, 1, 1],
-                                                                                       [0, 0, 1, 1, 1]]
-    cfg = types.SimpleNamespace(epochs=1, agg="token-mean", micro_batch_rows=4, temperature=0.7, clip_low=0.2,
-                                clip_high=0.3, clip_c=0.0, kl_kind="low_var_kl", kl_coef=0.0, grad_clip=1.0,
-                                tool_temperature=2.0, tool_weight=4.0)
-    with torch.no_grad():  # pi_old := pi_theta (under the tool choice's restriction), so the ratio is 1
-        from flow_grpo import restrict_first_token
-        batch = train.collate([drawn], 0, "cpu")
-        logits = restrict_first_token(train.forward(model, batch), batch, 0.7, cfg.tool_temperature)
-        drawn.logprobs = token_logprobs(logits, batch["targets"], 0.7)[0].tolist()
-    sums = train.update(cfg, Accelerator(cpu=True), model, torch.optim.SGD(model.parameters(), lr=0.0), [[drawn]], 0)
-    assert abs(sums["loss"] - (-0.8 * (4 + 2) / 3)) < 1e-5
 
 
 def test_credit_last_trains_exactly_one_row_per_trajectory():

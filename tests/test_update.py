@@ -91,8 +91,7 @@ def test_rows_that_share_little_stay_plain():
 
 def test_an_update_with_shared_prompts_matches_one_without():
     cfg = types.SimpleNamespace(epochs=1, agg="token-mean", micro_batch_rows=3, temperature=0.7, clip_low=0.2,
-                                clip_high=0.3, clip_c=0.0, kl_kind="low_var_kl", kl_coef=0.001, grad_clip=1.0,
-                                tool_temperature=0.0, tool_weight=1.0)
+                                clip_high=0.3, clip_c=0.0, kl_kind="low_var_kl", kl_coef=0.001, grad_clip=1.0, tool_temperature=0.0)
     a = make_tiny_model(1000).train()
     b = copy.deepcopy(a)
     # Plain SGD, so that a parameter difference is exactly a gradient difference (Adam's first step is
@@ -130,8 +129,7 @@ def test_training_the_top_layers_updates_them_as_a_full_update_does_and_nothing_
     from bookkeeping.models import train_top_layers
     # No clipping: the global norm differs when fewer parameters have a gradient.
     cfg = types.SimpleNamespace(epochs=1, agg="token-mean", micro_batch_rows=3, temperature=0.7, clip_low=0.2,
-                                clip_high=0.3, clip_c=0.0, kl_kind="low_var_kl", kl_coef=0.001, grad_clip=1e9,
-                                tool_temperature=0.0, tool_weight=1.0)
+                                clip_high=0.3, clip_c=0.0, kl_kind="low_var_kl", kl_coef=0.001, grad_clip=1e9, tool_temperature=0.0)
     start = make_tiny_model(1000).train()
     full = copy.deepcopy(start)
     train.update(cfg, Accelerator(cpu=True), full, torch.optim.SGD(full.parameters(), lr=1.0), [_rows()], 0, SHARED)

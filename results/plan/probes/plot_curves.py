@@ -1,5 +1,5 @@
-"""The learning curves of results/plan/: the near-names broadcast run and its --credit last ablation,
-with the baselines on the 100 test questions as lines (demo.plot). Run from the repository root:
+"""The learning curves of results/plan/, each broadcast run beside its --credit last ablation, with
+the baselines on the 100 test questions as lines (demo.plot). Run from the repository root:
 python results/plan/probes/plot_curves.py"""
 import sys
 from pathlib import Path
@@ -9,9 +9,14 @@ sys.path.insert(0, str(ROOT))
 import demo
 
 plan = ROOT / "results" / "plan"
-runs = {"broadcast (Flow-GRPO)": plan / "train-near-broadcast-30-steps.metrics.jsonl",
-        "last turn only (--credit last)": plan / "train-near-credit-last-30-steps.metrics.jsonl"}
-accuracy = {demo.BASE: 0.0, demo.UNTRAINED: 0.26, demo.FIXED + "Fact_Lookup then Python_Coder": 0.42,
-            demo.ROUTER: 0.53, demo.ORACLE: 0.87}  # results/plan/baselines.md, eval-untrained-flfirst-near
-demo.plot(runs, accuracy, 30, plan / "curve-broadcast-vs-last.png")
-print("wrote", plan / "curve-broadcast-vs-last.png")
+# Before the generator's fix (6bff4de): the preset, no tool weight; baselines of c4d75a4's baselines.md.
+before = {"broadcast (Flow-GRPO)": plan / "train-near-broadcast-30-steps.metrics.jsonl",
+          "last turn only (--credit last)": plan / "train-near-credit-last-30-steps.metrics.jsonl"}
+demo.plot(before, {demo.BASE: 0.0, demo.UNTRAINED: 0.26, demo.FIXED + "Fact_Lookup then Python_Coder": 0.42,
+                   demo.ROUTER: 0.53, demo.ORACLE: 0.87}, 30, plan / "curve-broadcast-vs-last.png")
+# With the fix and --tool-weight 15 (at 6bff4de); baselines of baselines.md.
+weighted = {"broadcast (Flow-GRPO)": plan / "train-fix-tool-weight15-30-steps.metrics.jsonl",
+            "last turn only (--credit last)": plan / "train-fix-tool-weight15-credit-last-30-steps.metrics.jsonl"}
+demo.plot(weighted, {demo.BASE: 0.0, demo.UNTRAINED: 0.26, demo.FIXED + "Python_Coder then Fact_Lookup": 0.55,
+                     demo.ROUTER: 0.53, demo.ORACLE: 0.87}, 30, plan / "curve-fix-tool-weight15.png")
+print("wrote", plan / "curve-broadcast-vs-last.png", plan / "curve-fix-tool-weight15.png")
