@@ -47,7 +47,7 @@ from dataclasses import dataclass
 
 from memory import Memory
 from environment.scoring import extract_answer
-from tools import TOOLS, render_for_executor, render_for_planner
+from tools import TOOLS, is_error, render_for_executor, render_for_planner
 
 # ---------------------------------------------------------------------------------------------
 # Prompts. Each builder returns a chat: [system message, user message]. The reply of each module is
@@ -146,7 +146,7 @@ def generator_prompt(query: str, memory: Memory, memory_chars: int = 1200) -> li
     step (an "Error: ..." result) is passed over: after a right result and a failed call, the value to
     restate is the right result's, not the error message, which the generator would copy.
     """
-    found = [s.result for s in memory.steps if not s.result.startswith("Error:")]
+    found = [s.result for s in memory.steps if not is_error(s.result)]
     last = found[-1].split(": ", 1)[-1].strip() if found else ""
     return chat(
         "You answer questions from the results of tools.",
