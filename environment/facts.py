@@ -29,7 +29,7 @@ Simplifications: the official system has no such tool (it searches the web and s
 LLM); this one stands in for a search engine that returns an answer box.
 
 Run:   python -m environment.facts "founder of Zhervym Motors"
-Test:  python -m pytest -q tests/test_planning.py
+Test:  python -m pytest -q tests/test_facts.py
 """
 
 import difflib
