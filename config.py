@@ -83,17 +83,17 @@ PRESETS = {
                      generator_tokens=12, memory_chars=500, temperature=0.7, filter_groups=True,
                      lr=1e-4, steps=12, train_layers=6, kl_coef=0.0,
                      eval_every=2, eval_n=20, checkpoint_every=10, max_batch=64),
-    # The multi-step planner (issue 24; it learns carrying sub-goals, not yet the tool plans: README,
-    # "The multi-step planner"): cpu-demo's recipe over two turns on every kind of the planning suite,
-    # the two multi-step kinds listed twice (two questions of each a step, one of each one-step kind).
-    # Each turn's action is the tool drawn as one token (at tool temperature 4: three tools), then the
-    # sub-goal the planner writes (planner_tokens - 1 tokens), which the tool or its executor reads
-    # (rollout.plan_chosen); Done stops, offered from turn 2 on. Fact_Lookup listed first: three kinds
-    # of four begin with it, and the untrained planner favours the first tool listed (multi-step
-    # successes untrained 11 of 128 with it first, 1 of 128 with Python_Coder first). lr 5e-5 with a KL
-    # term: at 2e-4 without one the sub-goals degenerated ("Inventor Inventor ...") by step 11.
-    # `python demo.py --preset cpu-plan`.
-    "cpu-plan": dict(model=EMBEDDED, data="planning", tools="Fact_Lookup,Python_Coder,Done", tool_temperature=4.0,
+    # The multi-step planner (issue 24; README, "The multi-step planner"): cpu-demo's recipe over two
+    # turns on every kind of the planning suite, the two multi-step kinds listed twice. Each turn's
+    # action is the tool drawn as one token at tool temperature 1, then the sub-goal the planner writes
+    # (planner_tokens - 1 tokens), which the tool or its executor reads (rollout.plan_chosen); Done
+    # stops, offered from turn 2 on. calibrate_tools: the untrained 135M planner's tool token follows
+    # the list's order (the first listed leads by about 5 nats on every question), so each tool's logit
+    # is offset by the frozen model's own preference on a question that says nothing
+    # (bookkeeping/tool_choice.py). lr 5e-5 with a KL term: at 2e-4 without one the sub-goals
+    # degenerated ("Inventor Inventor ...") by step 11. `python demo.py --preset cpu-plan`.
+    "cpu-plan": dict(model=EMBEDDED, data="planning", tools="Fact_Lookup,Python_Coder,Done", tool_temperature=1.0,
+                     calibrate_tools=True,
                      kinds="calculation,fact,fact-then-sum,fact-then-sum,two-hop,two-hop", group_size=8,
                      questions_per_step=6, mini_batch_questions=6, max_turns=2, verify=False, analysis_tokens=0,
                      planner_tokens=16, executor_tokens=24, verifier_tokens=6, generator_tokens=12, memory_chars=500,

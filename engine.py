@@ -109,15 +109,15 @@ class RecordLogprobs(LogitsProcessor):
 class FirstTokenChoice(LogitsProcessor):
     """Restrict the FIRST generated token to `choices`, at a temperature of its own (--tool-temperature).
 
-    At the first step every other token gets -inf and the choices are scaled by
-    temperature / choice_temperature, so that the sampler's softmax(scores / temperature) is
-    softmax over the choices of (logits / choice_temperature); later steps pass through. Placed
-    before the processor that records the log-probs, so the recorded log-prob is that of the
-    restricted draw, the one flow_grpo.restrict_first_token recomputes in the update. Greedy: the
-    likeliest choice."""
+    At the first step every other token gets -inf and the choices are scaled by temperature /
+    choice_temperature, so that the sampler's softmax(scores / temperature) is softmax over the choices
+    of ((logits + offsets) / choice_temperature), the offsets 0 unless `choices` is {token id: offset}
+    (--calibrate-tools); later steps pass through. Placed before the processor that records the
+    log-probs, so the recorded log-prob is that of the restricted draw, the one
+    flow_grpo.restrict_first_token recomputes in the update. Greedy: the likeliest choice."""
 
     def __init__(self, choices, temperature: float, choice_temperature: float):
-        self.choices = list(choices)
+        self.choices, self.offsets = list(choices), torch.tensor([choices[c] if isinstance(choices, dict) else 0.0 for c in choices])
         self.scale = (temperature / choice_temperature) if temperature > 0 else 1.0
         self.first = True
 
@@ -126,7 +126,7 @@ class FirstTokenChoice(LogitsProcessor):
             return scores
         self.first = False
         out = torch.full_like(scores, float("-inf"))
-        out[:, self.choices] = scores[:, self.choices] * self.scale
+        out[:, self.choices] = (scores[:, self.choices] + self.offsets.to(scores)) * self.scale
         return out
 
 

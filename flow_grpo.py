@@ -23,9 +23,8 @@ How one training step puts it together (train.py runs this, in training_rows and
                + kl_coef * agg_loss(kl_penalty(logp, ref_logp), mask, ...)  # beta: 0.001 in the paper
 
 Shape legend: N trajectories, G group size (trajectories per question), B turn-rows (one per
-planner turn, trajectory by trajectory), R response positions (the longest |a_t|), V vocabulary.
-The paper's T_i (the number of planner turns of trajectory i) is `turn_counts` here (batch["turns"]
-per row).
+planner turn, trajectory by trajectory), R response positions (the longest |a_t|), V vocabulary. The
+paper's T_i (planner turns of trajectory i) is `turn_counts` here (batch["turns"] per row).
 
 Where this file follows the paper and where the official code (AgentFlow on verl 0.5.0):
 - Paper: advantages are normalised over the G trajectory rewards of a question. The official code
@@ -341,8 +340,8 @@ def restrict_first_token(logits: torch.Tensor, batch: dict, temperature: float, 
 
     which is exactly what the engine recorded when it sampled (engine.FirstTokenChoice). Every other
     position is unchanged. batch["first_pos"] (B,) is each row's first response position (-1: a free
-    row) and batch["choices"] (B, K) the token ids (-1 pads). -1e9, not -inf: the entropy and the
-    log-softmax stay finite. A copy of the logits only when some row is restricted."""
+    row), batch["choices"] (B, K) the token ids (-1 pads), batch["choice_offsets"] (B, K) added to
+    their logits first (--calibrate-tools). -1e9, not -inf: the entropy and the log-softmax stay finite."""
     rows = (batch["first_pos"] >= 0).nonzero().squeeze(1) if "first_pos" in batch else None
     if rows is None or rows.numel() == 0:
         return logits
@@ -351,22 +350,24 @@ def restrict_first_token(logits: torch.Tensor, batch: dict, temperature: float, 
     choices = batch["choices"][rows]  # (n, K)
     keep = torch.zeros(z.shape, dtype=torch.bool, device=z.device)
     keep.scatter_(1, choices.clamp(min=0), choices >= 0)
+    z = z.scatter_add(1, choices.clamp(min=0), batch["choice_offsets"][rows].to(z.dtype) * (choices >= 0))  # calibration
     scale = (temperature if temperature > 0 else 1.0) / choice_temperature
     z = torch.where(keep, z * scale, torch.full_like(z, -1e9))
     return logits.index_put((rows, pos), z)
 
 
 def first_token_fields(choices_per_row, first_pos) -> dict:
-    """batch["first_pos"] (B,) and batch["choices"] (B, K) for restrict_first_token, from each row's
-    choices (a tuple of token ids; empty for a free row) and the position of its first response token."""
+    """batch["first_pos"] (B,), "choices" (B, K) and "choice_offsets" (B, K) for restrict_first_token, from
+    each row's choices (token ids, or {token id: offset}; empty: a free row) and first response position."""
     if not any(choices_per_row):
         return {}
-    K = max(len(c) for c in choices_per_row)
-    choices = torch.full((len(choices_per_row), K), -1, dtype=torch.long)
+    K, B = max(len(c) for c in choices_per_row), len(choices_per_row)
+    choices, offsets = torch.full((B, K), -1, dtype=torch.long), torch.zeros((B, K))
     for b, c in enumerate(choices_per_row):
-        choices[b, :len(c)] = torch.tensor(c, dtype=torch.long)
+        choices[b, :len(c)] = torch.tensor(list(c), dtype=torch.long)
+        offsets[b, :len(c)] = torch.tensor([c[i] if isinstance(c, dict) else 0.0 for i in c])
     pos = torch.tensor([p if c else -1 for c, p in zip(choices_per_row, first_pos)], dtype=torch.long)
-    return {"first_pos": pos, "choices": choices}
+    return {"first_pos": pos, "choices": choices, "choice_offsets": offsets}
 
 
 def token_logprobs(logits: torch.Tensor, targets: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:

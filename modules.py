@@ -17,9 +17,8 @@ a documented fallback applies:
                      tool the field names among other words ("Python_Coder to compute it"). A field that
                      names several tools chose none ("<one of Python_Coder, Fact_Lookup>", the prompt's
                      own line copied, must not read as its first tool); nor does a field that names no
-                     tool. Only with no field at all: the last
-                     known tool mentioned anywhere in the text. Else tool "" and valid False: the step
-                     is recorded as a failed step ("Error: no valid tool") and the loop goes on.
+                     tool. Only with no field at all: the last known tool mentioned anywhere in the
+                     text. Else tool "" and valid False: a failed step ("Error: no valid tool").
                      Sub-goal missing: the question. Context missing: "".
     parse_command    code tools: the last ```python fenced block, else the text after "Command:", else
                      the whole text if it compiles as Python; else "" (empty command -> error step).

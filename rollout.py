@@ -39,6 +39,7 @@ import time
 from dataclasses import dataclass, field
 
 import modules
+from bookkeeping.tool_choice import tool_offsets
 from memory import Memory
 from tools import OFFLINE_TOOLS, TOOLS, Toolbox, check_tool_names, is_stop
 
@@ -59,6 +60,8 @@ class RolloutConfig:
     tool_temperature: float = arg(0.0, "> 0: the action's first token (after 'Tool Name:') is drawn only from the listed "
                                   "tools' first tokens, at this temperature, and trained as such (greedy: the likeliest "
                                   "listed tool); 0 = free text, as officially")
+    calibrate_tools: bool = arg(False, "with --tool-temperature: offset each tool's logit by the frozen model's preference "
+                                "on a question that says nothing, so the choice follows the question, not the list's order")
     executor_tokens: int = arg(64, "max new tokens of an executor command")
     verifier_tokens: int = arg(12, "max new tokens of a verifier verdict")
     generator_tokens: int = arg(32, "max new tokens of the final answer")
@@ -98,9 +101,9 @@ class Turn:
     advantage: float = 0.0  # A_i of the turn's trajectory (the reward broadcast)
     traj_turns: int = 0  # T_i, planner turns of the turn's trajectory (the paper's 1/T_i)
     ref_logp: list[float] | None = None  # log pi_ref of each response token, (R,)
-    # --tool-temperature: the token ids the first response token was drawn from (the listed tools'
-    # first tokens), so that the update computes its log-prob over the same choices; () = free text.
-    first_choices: tuple = ()
+    # --tool-temperature: the token ids the first response token was drawn from ({token id: offset}
+    # under --calibrate-tools), so that the update recomputes the same draw; () = free text.
+    first_choices: tuple | dict = ()
     # Positions in response_ids that the rollout wrote, not the planner (the rest of the chosen tool's
     # name and "\nSub-Goal:" after a first-token choice): loss mask 0, their log-probs placeholders.
     forced: tuple = ()
@@ -132,11 +135,9 @@ def _tick(trajs, phase, t0):
 
 def tool_choice_tokens(tokenizer, tools) -> tuple[int, ...]:
     """The first token of each tool's name as the planner writes it after "Tool Name:" (" Python",
-    " Fact", " Local" for SmolLM2): what --tool-temperature restricts the action's first token to.
-    The drawn token then decides the tool; plan_chosen writes the rest of the name itself.
-
-    Why: drawn among the tools only, at a temperature of its own, every tool is tried on every
-    question until training makes one near-certain (what free text did at 135M: README, "The CPU demo")."""
+    " Fact", " Local" for SmolLM2): what --tool-temperature restricts the action's first token to; it
+    decides the tool, and plan_chosen writes the rest of the name. Drawn among the tools only, every tool
+    is tried on every question until training makes one near-certain (free text at 135M was not: README)."""
     ids = [tokenizer(" " + name, add_special_tokens=False).input_ids[0] for name in tools]
     if len(set(ids)) < len(ids):
         same = [n for n, i in zip(tools, ids) if ids.count(i) > 1]
@@ -157,7 +158,7 @@ def plan_free(planner, chats, queries, tools, cfg) -> list[Turn]:
     return turns
 
 
-def plan_chosen(planner, chats, queries, t: int, choices, tools, cfg) -> list[Turn]:
+def plan_chosen(planner, chats, queries, t: int, choices, tools, cfg, offsets=()) -> list[Turn]:
     """--tool-temperature: the tool drawn as one token among the listed tools' first tokens, then the
     sub-goal written after a forced "<rest of the tool's name>\nSub-Goal:", up to a line's end.
 
@@ -166,10 +167,11 @@ def plan_chosen(planner, chats, queries, t: int, choices, tools, cfg) -> list[Tu
         ->  " founder of Zhervym Motors\n"                              sampled at `temperature`
 
     One training row per turn: response = choice + forced + sub-goal. The stop action (Done) is not
-    offered on turn 1 (there is nothing to answer from yet) and writes no sub-goal."""
+    offered on turn 1 (nothing to answer from yet) and writes no sub-goal. `offsets`: one per offered tool."""
     offered = tuple(c for c, name in zip(choices, tools) if t > 1 or not is_stop(name))
+    drawn = dict(zip(offered, offsets)) if offsets else offered
     picks = planner.generate(chats, max_new_tokens=1, temperature=cfg.temperature, prefix=modules.PLANNER_PREFIX,
-                             choices=offered, choice_temperature=cfg.tool_temperature)
+                             choices=drawn, choice_temperature=cfg.tool_temperature)
     tool_of = [tools[choices.index(g.response_ids[0])] for g in picks]
     write = [i for i, tool in enumerate(tool_of) if not is_stop(tool) and cfg.planner_tokens > 1]
     infix = {tool: planner.tokenizer(" " + tool, add_special_tokens=False).input_ids[1:]
@@ -184,7 +186,7 @@ def plan_chosen(planner, chats, queries, t: int, choices, tools, cfg) -> list[Tu
         a = modules.parse_action(modules.PLANNER_PREFIX + text, query, tools)
         turns.append(Turn(g.prompt_ids, g.response_ids + forced + (rest.response_ids if rest else []),
                           g.logprobs + [0.0] * len(forced) + (rest.logprobs if rest else []), text, tool, a.sub_goal,
-                          a.context, True, bool(rest and rest.truncated), first_choices=offered,
+                          a.context, True, bool(rest and rest.truncated), first_choices=drawn,
                           forced=tuple(range(1, 1 + len(forced)))))
     return turns
 
@@ -225,16 +227,16 @@ def rollout(queries, planner, frozen, toolbox: Toolbox, cfg: RolloutConfig, exam
             tr.analysis = g.text.strip()
         _tick(trajs, "analysis", t0)
 
-    # --tool-temperature: the tool as a choice among the listed tools (the first token of each name).
-    # A rule planner (baselines.py) has no tokenizer and no tokens to restrict.
+    # --tool-temperature: the tool drawn among the tools' first tokens (a rule planner, baselines.py, has none).
     choices = tool_choice_tokens(planner.tokenizer, tools) if cfg.tool_temperature > 0 and hasattr(planner, "tokenizer") else ()
+    offsets = tool_offsets(frozen, tools, choices, cfg) if choices and cfg.calibrate_tools else {}
     live = list(trajs)
     for t in range(1, cfg.max_turns + 1):
         # 2. Planner: batched calls for every live trajectory; each action is a Turn (a training row).
         t0 = time.perf_counter()
         chats = [modules.planner_prompt(tr.query, tr.analysis, tr.tools, tr.memory, cfg.memory_chars) for tr in live]
         queries = [tr.query for tr in live]
-        turns = (plan_chosen(planner, chats, queries, t, choices, tools, cfg) if choices
+        turns = (plan_chosen(planner, chats, queries, t, choices, tools, cfg, offsets.get(min(t, 2), ())) if choices
                  else plan_free(planner, chats, queries, tools, cfg))
         for tr, turn in zip(live, turns):
             tr.turns.append(turn)

@@ -10,9 +10,9 @@ A tool is a name, metadata that goes into the prompts, and a way to run a comman
     Done              not a call: the planner's own stop; the generator then answers from the memory
 
 The planner sees each tool's name and a few words on what it is for; the executor sees the input format
-of the one tool it must drive. Every call returns text: a failure of any kind
-(unknown tool, empty command, timeout, exception, HTTP error) becomes an "Error: ..." result that is
-recorded in memory like any other, so nothing a tool does can stop a rollout.
+of the one tool it must drive. Every call returns text: a failure of any kind (unknown tool, empty
+command, timeout, exception, HTTP error) becomes an "Error: ..." result, recorded in memory like any
+other, so nothing a tool does can stop a rollout.
 
 Simplifications vs. the official code:
 - Official Python_Coder exec()s model code inside the agent process with a thread "timeout" that

@@ -12,12 +12,15 @@ a kind, it separates two things a greedy evaluation mixes up:
 The summary line per tool is its routing margin: P(tool | its own kind) - P(tool | the other kinds),
 averaged over the orders. 0 is a planner blind to the question; the oracle router's is 1.
 
+`tool_offsets` is the remedy rollout.py applies under --calibrate-tools: each tool's logit moved by
+the frozen model's own preference for it on a question that says nothing.
+
 What it showed (README, the CPU demo): the embedded 135M planner, untrained, is blind (margins -0.06 to
 +0.02 in four prompt layouts tried); after 12 Flow-GRPO steps it still was (a position rule: the
 first tool, or Python_Coder when Local_Search is first), although its training reward rose.
 
 Run:  python -m bookkeeping.tool_choice --model runs/demo/train/checkpoints/step-000012/planner
-Test: python -m pytest -q tests/test_planning.py
+Test: python -m pytest -q tests/test_planning.py tests/test_rollout.py
 """
 
 import argparse
@@ -34,6 +37,7 @@ from engine import encode_chat
 from flow_grpo import token_logprobs
 from memory import Memory
 from environment import tasks
+from tools import is_stop
 
 
 def tool_probabilities(model, tokenizer, query: str, tools) -> list[float]:
@@ -51,6 +55,39 @@ def tool_probabilities(model, tokenizer, query: str, tools) -> list[float]:
     with torch.no_grad():  # position p predicts token p + 1: the logits from the prompt's last token on
         logp = token_logprobs(model(input_ids=ids).logits[:, prompt.shape[1] - 1:-1].float(), ids[:, prompt.shape[1]:])
     return [float(logp[i, :len(n)].sum().exp()) for i, n in enumerate(names)]
+
+
+@torch.inference_mode()
+def choice_logits(engine, chat, prefix: str, choices) -> list[float]:
+    """The next token's logits for the `choices` (token ids) after `chat` and `prefix`: one forward pass
+    of an engine's model (engine.HFEngine or its speed-up) over the very prompt a rollout encodes."""
+    ids = torch.tensor([engine.encode(chat, prefix)], device=engine.model.device)
+    return engine.model(input_ids=ids).logits[0, -1, list(choices)].float().tolist()
+
+
+def tool_offsets(frozen, tools, choices, cfg) -> dict[int, tuple[float, ...]]:
+    """--calibrate-tools ("calibrate before use", Zhao et al. 2021): per turn (1; 2 and later), what
+    rollout.plan_chosen adds to each offered tool's logit, so that on a question that says nothing the
+    frozen model prefers no tool. The 135M planner's first token follows the list's order (the first
+    tool listed leads by about 5 nats on every question: README, "The multi-step planner"), which hides
+    the question's own pull. The frozen model holds the initial weights, so the offsets stay the same
+    through training and in evaluate.py's rollouts.
+
+        offset(tool) = -logit_frozen(tool | "Question: N/A", memory: none, or one step of N/A)
+        offset(Done) = the mean offset of the tools that run
+
+    The stop keeps the model's own odds against the average tool: calibrated like a tool, it led every
+    tool after one step (39 of 64 two-hop trajectories stopped there; README)."""
+    empty, step = Memory(), Memory()
+    step.add("N/A", "N/A", "N/A", "N/A")
+    out = {}
+    for t, memory in ((1, empty), (2, step)):
+        offered = [(c, name) for c, name in zip(choices, tools) if t > 1 or not is_stop(name)]
+        z = choice_logits(frozen, modules.planner_prompt("N/A", "", tools, memory, cfg.memory_chars),
+                          modules.PLANNER_PREFIX, [c for c, _ in offered])
+        run = [-zi for zi, (_, name) in zip(z, offered) if not is_stop(name)]
+        out[t] = tuple(sum(run) / len(run) if is_stop(name) else -zi for zi, (_, name) in zip(z, offered))
+    return out
 
 
 def kind_of(ex) -> str:

@@ -191,32 +191,39 @@ def test_the_sampler_draws_from_the_tempered_distribution_and_records_its_logpro
 
 
 @pytest.mark.parametrize("speedups", [False, True])
-def test_tool_choice_draws_the_first_token_among_the_tools_at_its_own_temperature(tokenizer, speedups):
+@pytest.mark.parametrize("offsets", [(), (3.0, -2.0, 0.5)])
+def test_tool_choice_draws_the_first_token_among_the_tools_at_its_own_temperature(tokenizer, speedups, offsets):
     """--tool-temperature: the action's first token is always one of the listed tools' first tokens,
     drawn from the softmax over those alone at the tool temperature, and recorded with that log-prob;
-    the tokens after it are free, at the planner temperature; greedy takes the likeliest tool."""
+    the tokens after it are free, at the planner temperature; greedy takes the likeliest tool.
+    --calibrate-tools' offsets are added to the choices' logits first, in the draw, in the recorded
+    log-prob and in the greedy choice."""
     from rollout import tool_choice_tokens
 
     model = make_tiny_model(len(tokenizer))
     engine = (FastEngine if speedups else HFEngine)(model, tokenizer)
     choices = tool_choice_tokens(tokenizer, OFFLINE_TOOLS)
+    drawn_from = dict(zip(choices, offsets)) if offsets else choices  # {token id: offset} under --calibrate-tools
     chat = modules.planner_prompt("What is 4821 * 37?", "", OFFLINE_TOOLS, Memory(), 600)
     torch.manual_seed(3)
     gens = engine.generate([chat] * 24, max_new_tokens=3, temperature=0.7, prefix=modules.PLANNER_PREFIX,
-                           choices=choices, choice_temperature=2.0)
+                           choices=drawn_from, choice_temperature=2.0)
     firsts = [g.response_ids[0] for g in gens]
+    shift = torch.tensor(offsets or [0.0] * len(choices))
     assert set(firsts) <= set(choices) and len(set(firsts)) > 1  # a random tiny model: several tools drawn
     for g in gens:
         with torch.no_grad():
             logits = model(torch.tensor([g.prompt_ids + g.response_ids])).logits[0, len(g.prompt_ids) - 1: -1]
-        first = torch.log_softmax(logits[0, list(choices)] / 2.0, -1)[choices.index(g.response_ids[0])]
+        first = torch.log_softmax((logits[0, list(choices)] + shift) / 2.0, -1)[choices.index(g.response_ids[0])]
         rest = torch.log_softmax(logits[1:] / 0.7, -1).gather(1, torch.tensor(g.response_ids[1:])[:, None])[:, 0]
         assert torch.allclose(torch.cat([first[None], rest]), torch.tensor(g.logprobs), atol=1e-4)
     greedy = engine.generate([chat], max_new_tokens=2, temperature=0.0, prefix=modules.PLANNER_PREFIX,
-                             choices=choices, choice_temperature=2.0)[0]
+                             choices=drawn_from, choice_temperature=2.0)[0]
     with torch.no_grad():
         z = model(torch.tensor([greedy.prompt_ids])).logits[0, -1]
-    assert greedy.response_ids[0] == choices[int(z[list(choices)].argmax())]
+    assert greedy.response_ids[0] == choices[int((z[list(choices)] + shift).argmax())]
+    from bookkeeping.tool_choice import choice_logits  # what --calibrate-tools reads its offsets with
+    assert torch.allclose(torch.tensor(choice_logits(engine, chat, modules.PLANNER_PREFIX, choices)), z[list(choices)], atol=1e-4)
 
 
 def test_tool_choice_refuses_tools_whose_names_begin_with_the_same_token(tokenizer):

@@ -6,6 +6,7 @@ Run: python -m pytest -q tests/test_rollout.py
 import subprocess
 import sys
 
+import pytest
 import torch
 
 import baselines
@@ -243,6 +244,40 @@ def test_done_is_not_offered_on_turn_1_and_a_planner_that_picks_it_at_turn_2_end
     m = step_metrics(1, trajs, torch.tensor([1.0, 0.0, 1.0, 1.0]), [0, 0, 1, 1], 0, new_update_sums(), 0.0, 0.0,
                      Accelerator(cpu=True), tools, kinds=("calculation", "fact", "two-hop"))
     assert m["reward_by_kind"] == {"calculation": 0.5, "fact": 1.0, "two-hop": 0.0}
+
+
+def test_calibrated_tools_prefer_no_tool_on_a_question_that_says_nothing_and_every_turn_records_its_offsets(tokenizer):
+    """--calibrate-tools: the offsets are the frozen model's content-free logits negated, so that on
+    "Question: N/A" every tool that runs has the same calibrated logit (turn 1 offers no Done; from
+    turn 2 Done gets the tools' mean offset); the planner draws with them and each Turn records the
+    offsets of its own turn, which the update adds again (tests/test_update.py)."""
+    from conftest import make_tiny_model
+    from engine import HFEngine
+    from bookkeeping.tool_choice import choice_logits, tool_offsets
+    from memory import Memory
+    from rollout import tool_choice_tokens
+
+    tools = ("Fact_Lookup", "Python_Coder", "Done")
+    choices = tool_choice_tokens(tokenizer, tools)
+    torch.manual_seed(0)
+    frozen = HFEngine(make_tiny_model(len(tokenizer)), tokenizer)
+    cfg = RolloutConfig(max_turns=2, temperature=0.7, tool_temperature=1.0, calibrate_tools=True, analysis_tokens=0,
+                        planner_tokens=3, executor_tokens=6, generator_tokens=4, verify=False, tools=",".join(tools))
+    offsets = tool_offsets(frozen, tools, choices, cfg)
+    assert len(offsets[1]) == 2 and len(offsets[2]) == 3 and offsets[2][2] == pytest.approx(sum(offsets[2][:2]) / 2)
+    step = Memory()
+    step.add("N/A", "N/A", "N/A", "N/A")
+    for t, memory in ((1, Memory()), (2, step)):
+        z = choice_logits(frozen, modules.planner_prompt("N/A", "", tools, memory, cfg.memory_chars),
+                          modules.PLANNER_PREFIX, choices[:2])
+        assert z[0] + offsets[t][0] == pytest.approx(0.0, abs=1e-5) and z[1] + offsets[t][1] == pytest.approx(0.0, abs=1e-5)
+    trajs = rollout(["Who founded Zhervym Motors?"] * 3, frozen, frozen, Toolbox(tools, llm=frozen), cfg)
+    for tr in trajs:
+        for t, turn in enumerate(tr.turns, 1):
+            assert turn.first_choices == dict(zip(choices[:1 + t], offsets[t]))
+    plain = rollout(["Who founded Zhervym Motors?"], frozen, frozen, Toolbox(tools, llm=frozen),
+                    RolloutConfig(**{**cfg.__dict__, "calibrate_tools": False}))
+    assert all(isinstance(turn.first_choices, tuple) for turn in plain[0].turns)
 
 
 def test_a_python_coder_sub_goal_that_is_plain_arithmetic_runs_as_it_is_without_an_executor_call():

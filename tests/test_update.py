@@ -8,6 +8,7 @@ Run: python -m pytest -q tests/test_update.py
 import copy
 import types
 
+import pytest
 import torch
 from accelerate import Accelerator
 
@@ -160,11 +161,12 @@ def test_train_layers_beyond_the_model_trains_every_layer_and_keeps_the_embeddin
     assert len(train_top_layers(make_tiny_model(1000), 0)) == len(list(make_tiny_model(1000).parameters()))
 
 
-def test_the_update_computes_a_restricted_tool_choice_as_the_engine_recorded_it(tokenizer):
+@pytest.mark.parametrize("offsets", [(), (3.0, -2.0, 0.5)])
+def test_the_update_computes_a_restricted_tool_choice_as_the_engine_recorded_it(tokenizer, offsets):
     """--tool-temperature: a Turn whose first token was drawn among the tools gets, in the update, the
     log-prob the engine recorded for it (restricted softmax at the tool temperature; the rest at the
     planner temperature), in the left-padded layout and in the shared-prefix one; a free row beside it
-    keeps the plain log-prob."""
+    keeps the plain log-prob. With --calibrate-tools' offsets too: the update adds what the draw added."""
     import modules
     from engine import HFEngine
     from flow_grpo import restrict_first_token
@@ -180,10 +182,10 @@ def test_the_update_computes_a_restricted_tool_choice_as_the_engine_recorded_it(
     torch.manual_seed(4)
     rows = []
     for free in (False, True):
-        extra = {} if free else dict(choices=choices, choice_temperature=2.0)
+        extra = {} if free else dict(choices=dict(zip(choices, offsets)) if offsets else choices, choice_temperature=2.0)
         for g in engine.generate(chats, max_new_tokens=4, temperature=0.7, prefix=modules.PLANNER_PREFIX, **extra):
             rows.append(Turn(g.prompt_ids, g.response_ids, g.logprobs, g.text, "", "", "", True, False,
-                             advantage=1.0, traj_turns=1, first_choices=() if free else choices))
+                             advantage=1.0, traj_turns=1, first_choices=() if free else extra["choices"]))
     computed = count_tokens(model)
     chunks = shared_prompt.micro_batches(rows, 4)
     for chunk in chunks:
