@@ -3,6 +3,7 @@
 Two presets (config.py): cpu-demo, one turn whose action is the tool (it learns to route: README);
 cpu-plan, two turns whose actions are a tool and a sub-goal each, Done to stop, so that a sub-goal
 must carry one step's result into the next tool call (issue 24: it learns the sub-goals, not yet the tool plans).
+Under cpu-plan the tool is drawn calibrated (--calibrate-tools, bookkeeping/tool_choice.py).
 
 On N test questions of the planning suite (environment/planning.py: calculations and facts, one step
 each, and two multi-step kinds, fact-then-sum and two-hop, whose step 2 needs what step 1 found),

@@ -23,4 +23,10 @@ now = {name: json.loads((plan / f"eval-{folder}.summary.json").read_text())["acc
                             (demo.ORACLE, "oracle-planner"), (demo.FIXED + "Python_Coder then Fact_Lookup",
                                                               "fixed-Python_Coder-Fact_Lookup")]}
 demo.plot(weighted, now, 30, plan / "curve-fix-tool-weight15.png")
-print("wrote", plan / "curve-broadcast-vs-last.png", plan / "curve-fix-tool-weight15.png")
+# The tool drawn calibrated at temperature 1 (1cde37a): the preset's kinds, and one calculation a step.
+now[demo.UNTRAINED] = json.loads((plan / "eval-untrained-calibrated.summary.json").read_text())["accuracy"]
+for kinds in ("", "one-calculation-"):
+    calibrated = {"broadcast (Flow-GRPO)": plan / f"train-calibrated-{kinds}broadcast-30-steps.metrics.jsonl",
+                  "last turn only (--credit last)": plan / f"train-calibrated-{kinds}credit-last-30-steps.metrics.jsonl"}
+    demo.plot(calibrated, now, 30, plan / f"curve-calibrated-{kinds}broadcast-vs-last.png")
+print("wrote", *sorted(plan.glob("curve-*.png")))
