@@ -158,7 +158,7 @@ def plan_free(planner, chats, queries, tools, cfg) -> list[Turn]:
     return turns
 
 
-def plan_chosen(planner, chats, queries, t: int, choices, tools, cfg, offsets=()) -> list[Turn]:
+def plan_chosen(planner, chats, queries, t: int, choices, tools, cfg, offsets=None) -> list[Turn]:
     """--tool-temperature: the tool drawn as one token among the listed tools' first tokens, then the
     sub-goal written after a forced "<rest of the tool's name>\nSub-Goal:", up to a line's end.
 
@@ -167,9 +167,9 @@ def plan_chosen(planner, chats, queries, t: int, choices, tools, cfg, offsets=()
         ->  " founder of Zhervym Motors\n"                              sampled at `temperature`
 
     One training row per turn: response = choice + forced + sub-goal. The stop action (Done) is not
-    offered on turn 1 (nothing to answer from yet) and writes no sub-goal. `offsets`: one per offered tool."""
+    offered on turn 1 (nothing to answer from yet) and writes no sub-goal. `offsets`: {token id: offset}."""
     offered = tuple(c for c, name in zip(choices, tools) if t > 1 or not is_stop(name))
-    drawn = dict(zip(offered, offsets)) if offsets else offered
+    drawn = {c: offsets[c] for c in offered} if offsets else offered
     picks = planner.generate(chats, max_new_tokens=1, temperature=cfg.temperature, prefix=modules.PLANNER_PREFIX,
                              choices=drawn, choice_temperature=cfg.tool_temperature)
     tool_of = [tools[choices.index(g.response_ids[0])] for g in picks]
@@ -236,7 +236,7 @@ def rollout(queries, planner, frozen, toolbox: Toolbox, cfg: RolloutConfig, exam
         t0 = time.perf_counter()
         chats = [modules.planner_prompt(tr.query, tr.analysis, tr.tools, tr.memory, cfg.memory_chars) for tr in live]
         queries = [tr.query for tr in live]
-        turns = (plan_chosen(planner, chats, queries, t, choices, tools, cfg, offsets.get(min(t, 2), ())) if choices
+        turns = (plan_chosen(planner, chats, queries, t, choices, tools, cfg, offsets.get(min(t, 2))) if choices
                  else plan_free(planner, chats, queries, tools, cfg))
         for tr, turn in zip(live, turns):
             tr.turns.append(turn)

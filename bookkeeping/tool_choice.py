@@ -65,9 +65,10 @@ def choice_logits(engine, chat, prefix: str, choices) -> list[float]:
     return engine.model(input_ids=ids).logits[0, -1, list(choices)].float().tolist()
 
 
-def tool_offsets(frozen, tools, choices, cfg) -> dict[int, tuple[float, ...]]:
-    """--calibrate-tools ("calibrate before use", Zhao et al. 2021): per turn (1; 2 and later), what
-    rollout.plan_chosen adds to each offered tool's logit, so that on a question that says nothing the
+def tool_offsets(frozen, tools, choices, cfg) -> dict[int, dict[int, float]]:
+    """--calibrate-tools ("calibrate before use", Zhao et al. 2021): per turn (1; 2 and later),
+    {token id: offset}, what rollout.plan_chosen adds to each offered tool's logit (the logits do not
+    depend on which tools a turn offers), so that on a question that says nothing the
     frozen model prefers no tool. The 135M planner's first token follows the list's order (the first
     tool listed leads by about 5 nats on every question: README, "The multi-step planner"), which hides
     the question's own pull. The frozen model holds the initial weights, so the offsets stay the same
@@ -82,11 +83,10 @@ def tool_offsets(frozen, tools, choices, cfg) -> dict[int, tuple[float, ...]]:
     step.add("N/A", "N/A", "N/A", "N/A")
     out = {}
     for t, memory in ((1, empty), (2, step)):
-        offered = [(c, name) for c, name in zip(choices, tools) if t > 1 or not is_stop(name)]
         z = choice_logits(frozen, modules.planner_prompt("N/A", "", tools, memory, cfg.memory_chars),
-                          modules.PLANNER_PREFIX, [c for c, _ in offered])
-        run = [-zi for zi, (_, name) in zip(z, offered) if not is_stop(name)]
-        out[t] = tuple(sum(run) / len(run) if is_stop(name) else -zi for zi, (_, name) in zip(z, offered))
+                          modules.PLANNER_PREFIX, choices)
+        run = [-zi for zi, name in zip(z, tools) if not is_stop(name)]
+        out[t] = {c: sum(run) / len(run) if is_stop(name) else -zi for c, zi, name in zip(choices, z, tools)}
     return out
 
 

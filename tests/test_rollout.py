@@ -264,17 +264,20 @@ def test_calibrated_tools_prefer_no_tool_on_a_question_that_says_nothing_and_eve
     cfg = RolloutConfig(max_turns=2, temperature=0.7, tool_temperature=1.0, calibrate_tools=True, analysis_tokens=0,
                         planner_tokens=3, executor_tokens=6, generator_tokens=4, verify=False, tools=",".join(tools))
     offsets = tool_offsets(frozen, tools, choices, cfg)
-    assert len(offsets[1]) == 2 and len(offsets[2]) == 3 and offsets[2][2] == pytest.approx(sum(offsets[2][:2]) / 2)
+    done = choices[2]
+    assert set(offsets[1]) == set(offsets[2]) == set(choices)
+    assert offsets[2][done] == pytest.approx((offsets[2][choices[0]] + offsets[2][choices[1]]) / 2)
     step = Memory()
     step.add("N/A", "N/A", "N/A", "N/A")
     for t, memory in ((1, Memory()), (2, step)):
         z = choice_logits(frozen, modules.planner_prompt("N/A", "", tools, memory, cfg.memory_chars),
                           modules.PLANNER_PREFIX, choices[:2])
-        assert z[0] + offsets[t][0] == pytest.approx(0.0, abs=1e-5) and z[1] + offsets[t][1] == pytest.approx(0.0, abs=1e-5)
+        assert z[0] + offsets[t][choices[0]] == pytest.approx(0.0, abs=1e-5)
+        assert z[1] + offsets[t][choices[1]] == pytest.approx(0.0, abs=1e-5)
     trajs = rollout(["Who founded Zhervym Motors?"] * 3, frozen, frozen, Toolbox(tools, llm=frozen), cfg)
     for tr in trajs:
         for t, turn in enumerate(tr.turns, 1):
-            assert turn.first_choices == dict(zip(choices[:1 + t], offsets[t]))
+            assert turn.first_choices == {c: offsets[t][c] for c in choices[:1 + t]}  # Done from turn 2 on
     plain = rollout(["Who founded Zhervym Motors?"], frozen, frozen, Toolbox(tools, llm=frozen),
                     RolloutConfig(**{**cfg.__dict__, "calibrate_tools": False}))
     assert all(isinstance(turn.first_choices, tuple) for turn in plain[0].turns)

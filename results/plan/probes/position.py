@@ -47,7 +47,7 @@ for order in (("Fact_Lookup", "Python_Coder", "Done"), ("Python_Coder", "Fact_Lo
                 chat = modules.planner_prompt(e["query"], "", order, memory, cfg.memory_chars)
                 raw.append(choice_logits(engine, chat, modules.PLANNER_PREFIX, [c for c, _ in offered]))
             z = torch.tensor(raw).mean(0)
-            cal = z + torch.tensor(offsets[t])
+            cal = z + torch.tensor([offsets[t][c] for c, _ in offered])
             fl = [name for _, name in offered].index("Fact_Lookup")
             cells.append(f"turn {t}: " + ", ".join(f"{name} {float(z[i] - z[fl]):+.1f} / {float(cal[i] - cal[fl]):+.1f}"
                                                    for i, (_, name) in enumerate(offered) if name != "Fact_Lookup"))
