@@ -17,10 +17,9 @@ of every sampled token under the policy that sampled it,
 which is pi_old(a_{t,j} | s_t, a_{t,<j}) in the paper's ratio while the policy has not changed since
 sampling (so train.py can skip a second forward pass for the old log-probs).
 
-The plain path below is what a reader needs: prompts left-padded into one batch, `model.generate`
-sampling with Hugging Face's own sampler, and a logits processor that records each sampled token's
-log-prob. A faster engine with the same interface and results is a drop-in that train.py chooses
-where it applies (speedups/; tests/test_engine.py holds the two equal).
+The plain path below: prompts left-padded into one batch, `model.generate` sampling with Hugging
+Face's own sampler, a logits processor that records each sampled token's log-prob. A faster drop-in
+with the same results is chosen where it applies (speedups/; tests/test_engine.py holds the two equal).
 
 Simplifications vs. the official code:
 - The official system samples with vLLM (top_p 0.99, frequency penalty 1.2). We sample from the full
@@ -107,39 +106,48 @@ class RecordLogprobs(LogitsProcessor):
 
 
 class FirstTokenChoice(LogitsProcessor):
-    """Restrict the FIRST generated token to `choices`, at a temperature of its own (--tool-temperature).
+    """Restrict the FIRST generated token to `choices`, at a temperature of its own (--tool-temperature),
+    then force the tokens `then` gives for the choice drawn (the rest of a tool's name and "\nSub-Goal:").
 
     At the first step every other token gets -inf and the choices are scaled by temperature /
     choice_temperature, so that the sampler's softmax(scores / temperature) is softmax over the choices
     of ((logits + offsets) / choice_temperature), the offsets 0 unless `choices` is {token id: offset}
-    (--calibrate-tools); later steps pass through. Placed before the processor that records the
-    log-probs, so the recorded log-prob is that of the restricted draw, the one
-    flow_grpo.restrict_first_token recomputes in the update. Greedy: the likeliest choice."""
+    (--calibrate-tools). Then each token of then[choice] is the only one allowed (log-prob log 1 = 0);
+    later steps pass through. Placed before the processor that records the log-probs, so the recorded
+    log-prob is the restricted draw's, which flow_grpo.restrict_first_token recomputes. Greedy: the likeliest."""
 
-    def __init__(self, choices, temperature: float, choice_temperature: float):
+    def __init__(self, choices, temperature: float, choice_temperature: float, then=None):
         self.choices, self.offsets = list(choices), torch.tensor([choices[c] if isinstance(choices, dict) else 0.0 for c in choices])
         self.scale = (temperature / choice_temperature) if temperature > 0 else 1.0
-        self.first = True
+        self.then = then or {}  # {choice token id: [token ids forced after it]}
+        self.step, self.todo = 0, []  # per row, from the second step on: the tokens still to force
 
     def __call__(self, input_ids, scores):
-        if not self.first:
-            return scores
-        self.first = False
-        out = torch.full_like(scores, float("-inf"))
-        out[:, self.choices] = (scores[:, self.choices] + self.offsets.to(scores)) * self.scale
-        return out
+        self.step += 1
+        if self.step == 1:
+            out = torch.full_like(scores, float("-inf"))
+            out[:, self.choices] = (scores[:, self.choices] + self.offsets.to(scores)) * self.scale
+            return out
+        if self.step == 2:  # each row's choice is the last token of input_ids now
+            self.todo = [list(self.then.get(c, ())) for c in input_ids[:, -1].tolist()]
+        for r in [r for r, todo in enumerate(self.todo) if todo]:  # a forced token: the only one allowed
+            scores[r] = float("-inf")
+            scores[r, self.todo[r].pop(0)] = 0.0
+        return scores
 
 
 class StopAt(StoppingCriteria):
-    """End a row at EOS or once its text contains a stop string, and record where each row ended.
+    """End a row at EOS or once its text contains a stop string, and record where each row ended: rows
+    are cut exactly, without guessing from token ids (pad == eos in many tokenizers, SmolLM2's too).
+    `then` (FirstTokenChoice's): the tokens forced after a row's first token are not searched for stop
+    strings ("\nSub-Goal:" does not end the line it opens) nor counted against `limit`, the tokens a row
+    may generate; a row that reaches it ends there, in `cut` (truncated)."""
 
-    Recording the end step here is what lets us cut every row exactly, without guessing from token
-    ids: in many tokenizers (SmolLM2's included) pad == eos, so "the first pad" is ambiguous.
-    """
-
-    def __init__(self, tokenizer, prompt_width: int, eos: int, stop: tuple[str, ...]):
+    def __init__(self, tokenizer, prompt_width: int, eos: int, stop: tuple[str, ...], then=None, limit=None):
         self.tokenizer, self.width, self.eos, self.stop = tokenizer, prompt_width, eos, stop
+        self.then, self.limit = then or {}, limit
         self.ends = None  # per row: number of generated tokens when it finished, or None
+        self.cut = set()  # rows ended by `limit`
 
     def __call__(self, input_ids, scores, **kwargs):
         if self.ends is None:
@@ -148,12 +156,14 @@ class StopAt(StoppingCriteria):
         done = torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
         for row in range(input_ids.shape[0]):
             if self.ends[row] is None:
-                if int(input_ids[row, -1]) == self.eos:
+                forced = len(self.then.get(int(input_ids[row, self.width]), ())) if self.then else 0
+                written = input_ids[row, self.width + (1 + forced if self.then else 0):]  # after the choice and forced
+                text = self.tokenizer.decode(written, skip_special_tokens=True) if self.stop else ""
+                if int(input_ids[row, -1]) == self.eos or any(s in text for s in self.stop):
                     self.ends[row] = n
-                elif self.stop:
-                    text = self.tokenizer.decode(input_ids[row, self.width :], skip_special_tokens=True)
-                    if any(s in text for s in self.stop):
-                        self.ends[row] = n
+                elif self.limit is not None and n - forced >= self.limit:
+                    self.ends[row] = n
+                    self.cut.add(row)
             done[row] = self.ends[row] is not None
         return done
 
@@ -192,35 +202,37 @@ class HFEngine:
 
     @torch.inference_mode()
     def generate(self, chats, max_new_tokens=64, temperature=0.7, top_p=1.0, prefix="", stop=(), choices=(),
-                 choice_temperature=1.0) -> list[Generation]:
-        """Sample one completion per chat (after the forced `prefix`, if any), ending a row at EOS or at
-        the first of the `stop` strings (kept in the output, as a stop token would be); rows are grouped
-        by prompt length to limit padding. Generation.text holds only what the model wrote. `choices`:
-        token ids the first new token is drawn from, at choice_temperature (FirstTokenChoice)."""
+                 choice_temperature=1.0, then=None) -> list[Generation]:
+        """Sample one completion per chat (after the forced `prefix`, if any), ending a row at EOS or at the
+        first `stop` string (kept in the output); rows grouped by prompt length. Generation.text holds only
+        what the model wrote. `choices`: token ids the first new token is drawn from, at choice_temperature;
+        `then`: {choice: token ids written after it}, on top of max_new_tokens (FirstTokenChoice)."""
         prompts = [self.encode(c, prefix) for c in chats]
-        return self.generate_batched(prompts, max_new_tokens, temperature, top_p, stop, choices, choice_temperature)
+        return self.generate_batched(prompts, max_new_tokens, temperature, top_p, stop, choices, choice_temperature, then)
 
-    def generate_batched(self, prompts, max_new_tokens, temperature, top_p, stop, choices, choice_temperature):
+    def generate_batched(self, prompts, max_new_tokens, temperature, top_p, stop, choices, choice_temperature, then=None):
         """generate's batching: rows grouped by prompt length (less padding), max_batch rows a call."""
         order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
         results: list[Generation | None] = [None] * len(prompts)
         for start in range(0, len(order), self.max_batch):
             idx = order[start : start + self.max_batch]
             for i, gen in zip(idx, self.generate_ids([prompts[i] for i in idx], max_new_tokens, temperature, top_p, stop,
-                                                     choices, choice_temperature)):
+                                                     choices, choice_temperature, then)):
                 results[i] = gen
         return results
 
     @torch.inference_mode()
     def generate_ids(self, prompts, max_new_tokens=64, temperature=0.7, top_p=1.0, stop=(), choices=(),
-                     choice_temperature=1.0) -> list[Generation]:
+                     choice_temperature=1.0, then=None) -> list[Generation]:
         """One `generate` call over already-tokenised prompts."""
         t0 = time.perf_counter()
         pad, eos = self.tokenizer.pad_token_id, self.tokenizer.eos_token_id
         width = max(len(p) for p in prompts)
-        stopper = StopAt(self.tokenizer, width, eos, tuple(stop))
-        first = [FirstTokenChoice(choices, temperature, choice_temperature)] if choices else []
-        new, logprobs = self.sample(prompts, pad, eos, max_new_tokens, temperature, top_p, stopper, first)  # (B, S) x2
+        then = then if choices else None  # the tokens forced after the choice come on top of max_new_tokens
+        stopper = StopAt(self.tokenizer, width, eos, tuple(stop), then, max_new_tokens if then else None)
+        first = [FirstTokenChoice(choices, temperature, choice_temperature, then)] if choices else []
+        steps = max_new_tokens + max(map(len, then.values()), default=0) if then else max_new_tokens
+        new, logprobs = self.sample(prompts, pad, eos, steps, temperature, top_p, stopper, first)  # (B, S) x2
         # Cut each row where it ended (EOS kept: the policy sampled it and it is trained on).
         results = []
         for row in range(len(prompts)):
@@ -229,7 +241,7 @@ class HFEngine:
             ids = new[row, :end].tolist()
             lps = logprobs[row, :end].tolist() if logprobs is not None else []
             text = self.tokenizer.decode(ids, skip_special_tokens=True)
-            results.append(Generation(text, list(prompts[row]), ids, lps, truncated=not ended))
+            results.append(Generation(text, list(prompts[row]), ids, lps, truncated=not ended or row in stopper.cut))
             self.tokens_generated += len(ids)
         self.seconds += time.perf_counter() - t0
         return results

@@ -94,12 +94,10 @@ def analysis_prompt(query: str, tools) -> list[dict]:
 def planner_prompt(query: str, analysis: str, tools, memory: Memory, memory_chars: int = 1200) -> list[dict]:
     """Planner, every turn: the next action a_t given (q, analysis, tools, M_t). The trained call.
 
-    What is the same for many prompts comes first, what changes comes last: the tool list and the
-    format line (the same for every prompt that lists the tools in one order), then the question, then
-    what each earlier step found (Memory.render's findings: a result, not an earlier sub-goal, is then
-    the text nearest to the sub-goal the planner writes, and what it copies forward). Prompts then
-    share a long prefix (on a first turn, all but the question), which the speed-ups compute once in
-    the rollout's prefill and in the update."""
+    What is the same for many prompts comes first (the tool list, the format line), then the question,
+    then what each earlier step found (Memory.render's findings: a result, not an earlier sub-goal, is the
+    text nearest to the sub-goal the planner writes, and what it copies forward); the shared prefix is
+    computed once in the rollout's prefill and in the update."""
     return chat(
         "You choose the tool for the next step of an agent that answers questions.",
         f"Tools:\n{render_for_planner(tools)}\n\n"
@@ -138,7 +136,7 @@ def generator_prompt(query: str, memory: Memory, memory_chars: int = 1200) -> li
     Question first, then the steps, then the request: the results sit between the question and the
     request, where a small model answers from them rather than copying the question's expression, and
     the G trajectories of a question share a longer prompt prefix. No placeholder such as "<final
-    answer>" in the format line: a small model copies it verbatim (results/demo/history.md).
+    answer>" in the format line: a small model copies it verbatim (results/route/history.md).
 
     The last step's value is restated before the request: with two labelled facts in memory (a
     two-hop question's bridge and its answer) the 135M generator otherwise copies either one. A failed
@@ -236,14 +234,19 @@ def parse_command(text, tool: str) -> str:
     return value.strip().strip("\"'").strip()[:300]
 
 
-_ARITHMETIC = re.compile(r"^[\d\s.()]*\d[\d\s.()]*(?:[-+*/]+[\d\s.()]*\d[\d\s.()]*)+$")
+_ARITHMETIC = re.compile(r"^[\d\s.()]*\d[\d\s.()]*(?:[-+*/]+[\d\s.()]*\d[\d\s.()]*)+$")  # numbers and operators
+_RUN = re.compile(r"[\d\s.,()+\-*/]+")  # a stretch of digits, operators, brackets, points, commas and spaces
 
 
-def is_arithmetic(text) -> bool:
-    """A sub-goal that is plain arithmetic on numbers ("57 + 1856", "4821 * 37"), which Python_Coder
-    runs as print(<sub-goal>) without an executor call: the frozen 135M executor garbles such a
-    sub-goal a third of the time (it prints it as a string)."""
-    return isinstance(text, str) and bool(_ARITHMETIC.match(text.strip())) and _compiles(text.strip())
+def arithmetic_in(text) -> str:
+    """The one arithmetic expression on numbers in a sub-goal ("57 + 1856" in "Finds 57 + 1856"), which
+    Python_Coder runs as print(<expression>) without an executor (the 135M executor garbles a third of
+    them); "" for none, several, or one cut off ("2419 * 31 - 448 *": the executor reads it with the question)."""
+    if not isinstance(text, str):
+        return ""
+    found = [run.strip() for run in _RUN.findall(text)]
+    found = [run for run in found if _ARITHMETIC.match(run) and _compiles(run)]
+    return found[0] if len(found) == 1 else ""
 
 
 def _compiles(code: str) -> bool:

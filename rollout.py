@@ -39,7 +39,7 @@ import time
 from dataclasses import dataclass, field
 
 import modules
-from bookkeeping.tool_choice import tool_offsets
+from bookkeeping.tool_choice import tool_choice_tokens, tool_offsets
 from memory import Memory
 from tools import OFFLINE_TOOLS, TOOLS, Toolbox, check_tool_names, is_stop
 
@@ -57,9 +57,8 @@ class RolloutConfig:
     temperature: float = arg(0.7, "planner sampling temperature (paper: 0.7; 0 = greedy); the frozen modules are greedy")
     analysis_tokens: int = arg(48, "max new tokens of the query analysis (0 = skip it)")
     planner_tokens: int = arg(48, "max new tokens |a_t| of a planner action")
-    tool_temperature: float = arg(0.0, "> 0: the action's first token (after 'Tool Name:') is drawn only from the listed "
-                                  "tools' first tokens, at this temperature, and trained as such (greedy: the likeliest "
-                                  "listed tool); 0 = free text, as officially")
+    tool_temperature: float = arg(0.0, "> 0: the action's first token (after 'Tool Name:') is drawn only from the listed tools' "
+                                  "first tokens, at this temperature, and trained as such; 0 = free text, as officially")
     calibrate_tools: bool = arg(False, "with --tool-temperature: offset each tool's logit by the frozen model's preference "
                                 "on a question that says nothing, so the choice follows the question, not the list's order")
     executor_tokens: int = arg(64, "max new tokens of an executor command")
@@ -133,19 +132,6 @@ def _tick(trajs, phase, t0):
         tr.seconds[phase] = tr.seconds.get(phase, 0.0) + dt
 
 
-def tool_choice_tokens(tokenizer, tools) -> tuple[int, ...]:
-    """The first token of each tool's name as the planner writes it after "Tool Name:" (" Python",
-    " Fact", " Local" for SmolLM2): what --tool-temperature restricts the action's first token to; it
-    decides the tool, and plan_chosen writes the rest of the name. Drawn among the tools only, every tool
-    is tried on every question until training makes one near-certain (free text at 135M was not: README)."""
-    ids = [tokenizer(" " + name, add_special_tokens=False).input_ids[0] for name in tools]
-    if len(set(ids)) < len(ids):
-        same = [n for n, i in zip(tools, ids) if ids.count(i) > 1]
-        raise ValueError(f"--tool-temperature: the tools {', '.join(same)} begin with the same token, so the first "
-                         "token cannot choose between them; drop one from --tools or use --tool-temperature 0")
-    return tuple(ids)
-
-
 def plan_free(planner, chats, queries, tools, cfg) -> list[Turn]:
     """The action as free text after "Tool Name:", parsed by modules.parse_action (the official way)."""
     gens = planner.generate(chats, max_new_tokens=cfg.planner_tokens, temperature=cfg.temperature,
@@ -160,55 +146,57 @@ def plan_free(planner, chats, queries, tools, cfg) -> list[Turn]:
 
 def plan_chosen(planner, chats, queries, t: int, choices, tools, cfg, offsets=None) -> list[Turn]:
     """--tool-temperature: the tool drawn as one token among the listed tools' first tokens, then the
-    sub-goal written after a forced "<rest of the tool's name>\nSub-Goal:", up to a line's end.
+    sub-goal written after a forced "<rest of the tool's name>\nSub-Goal:", up to a line's end, in one
+    `generate` call (engine.FirstTokenChoice draws the tool and writes what follows it):
 
         s_t + "Tool Name:"  ->  " Fact"                                 drawn among the choices
         + "_Lookup\nSub-Goal:"                                          forced (loss mask 0)
         ->  " founder of Zhervym Motors\n"                              sampled at `temperature`
 
-    One training row per turn: response = choice + forced + sub-goal. The stop action (Done) is not
+    One training row per turn: choice + forced + sub-goal (at most planner_tokens - 1 tokens). Done is not
     offered on turn 1 (nothing to answer from yet) and writes no sub-goal. `offsets`: {token id: offset}."""
     offered = tuple(c for c, name in zip(choices, tools) if t > 1 or not is_stop(name))
     drawn = {c: offsets[c] for c in offered} if offsets else offered
-    picks = planner.generate(chats, max_new_tokens=1, temperature=cfg.temperature, prefix=modules.PLANNER_PREFIX,
-                             choices=drawn, choice_temperature=cfg.tool_temperature)
-    tool_of = [tools[choices.index(g.response_ids[0])] for g in picks]
-    write = [i for i, tool in enumerate(tool_of) if not is_stop(tool) and cfg.planner_tokens > 1]
-    infix = {tool: planner.tokenizer(" " + tool, add_special_tokens=False).input_ids[1:]
-             + planner.tokenizer(modules.SUB_GOAL_PREFIX, add_special_tokens=False).input_ids for tool in set(tool_of)}
-    prompts = [picks[i].prompt_ids + picks[i].response_ids + infix[tool_of[i]] for i in write]
-    sub = dict(zip(write, planner.generate_batched(prompts, cfg.planner_tokens - 1, cfg.temperature, 1.0,
-                                                   modules.LINE_STOP, (), 1.0))) if write else {}
+    tok = planner.tokenizer
+    then = None  # {choice: the tokens forced after it}; none when the action is the tool token alone
+    if cfg.planner_tokens > 1:
+        sub_goal = tok(modules.SUB_GOAL_PREFIX, add_special_tokens=False).input_ids
+        then = {c: [tok.eos_token_id] if is_stop(name) else tok(" " + name, add_special_tokens=False).input_ids[1:] + sub_goal
+                for c, name in zip(choices, tools) if c in offered}
+    gens = planner.generate(chats, max_new_tokens=cfg.planner_tokens, temperature=cfg.temperature,
+                            prefix=modules.PLANNER_PREFIX, stop=modules.LINE_STOP, choices=drawn,
+                            choice_temperature=cfg.tool_temperature, then=then)
     turns = []
-    for i, (query, g, tool) in enumerate(zip(queries, picks, tool_of)):
-        forced, rest = (infix[tool], sub[i]) if i in sub else ([], None)
-        text = " " + tool + (modules.SUB_GOAL_PREFIX + rest.text if rest else "")
+    for query, g in zip(queries, gens):
+        tool = tools[choices.index(g.response_ids[0])]
+        writes = then is not None and not is_stop(tool)  # a sub-goal follows the tool
+        n = 1 + len(then[g.response_ids[0]]) if writes else 1  # the choice and the tokens forced after it
+        # Done's EOS was forced, not chosen: its row is the tool token alone.
+        ids, logprobs = (g.response_ids, g.logprobs) if writes else (g.response_ids[:1], g.logprobs[:1])
+        text = " " + tool + (modules.SUB_GOAL_PREFIX + tok.decode(ids[n:], skip_special_tokens=True) if writes else "")
         a = modules.parse_action(modules.PLANNER_PREFIX + text, query, tools)
-        turns.append(Turn(g.prompt_ids, g.response_ids + forced + (rest.response_ids if rest else []),
-                          g.logprobs + [0.0] * len(forced) + (rest.logprobs if rest else []), text, tool, a.sub_goal,
-                          a.context, True, bool(rest and rest.truncated), first_choices=drawn,
-                          forced=tuple(range(1, 1 + len(forced)))))
+        turns.append(Turn(g.prompt_ids, ids, logprobs, text, tool, a.sub_goal, a.context, True, g.truncated and writes,
+                          first_choices=drawn, forced=tuple(range(1, n))))
     return turns
 
 
 def execute(need, frozen, cfg) -> None:
     """Step 3 of a turn: set each valid action's command. A "sub-goal" tool (Fact_Lookup) takes the
-    planner's sub-goal, then the question, which an executor would also have seen; a code tool runs a
-    sub-goal that is plain arithmetic ("57 + 1856") as it is; the others ask the frozen executor, one
-    batched call per tool (each has its own forced prefix)."""
+    planner's sub-goal, then the question, which an executor would also have seen; a code tool runs the
+    one arithmetic expression a sub-goal holds ("57 + 1856" in "Finds 57 + 1856") as it is; the others
+    ask the frozen executor, one batched call per tool (each has its own forced prefix)."""
     for tr in need:
         turn = tr.turns[-1]
         if TOOLS[turn.tool].kind == "sub-goal":
             sub_goal = turn.sub_goal.strip()
             turn.command = sub_goal if sub_goal == tr.query.strip() else f"{sub_goal} | {tr.query}"
-        elif TOOLS[turn.tool].kind == "code" and modules.is_arithmetic(turn.sub_goal):
-            turn.command = f"print({turn.sub_goal.strip()})"  # the sub-goal is the program already
+        elif TOOLS[turn.tool].kind == "code" and modules.arithmetic_in(turn.sub_goal):  # the program already
+            turn.command = f"print({modules.arithmetic_in(turn.sub_goal)})"
     need = [tr for tr in need if TOOLS[tr.turns[-1].tool].kind != "sub-goal" and not tr.turns[-1].command]
     for tool in sorted({tr.turns[-1].tool for tr in need}):  # one batched call per tool (its own prefix)
         rows = [tr for tr in need if tr.turns[-1].tool == tool]
         chats = [modules.executor_prompt(tr.query, tool, tr.turns[-1].sub_goal, tr.turns[-1].context) for tr in rows]
-        prefix = modules.executor_prefix(tool)
-        stop = modules.executor_stop(tool)
+        prefix, stop = modules.executor_prefix(tool), modules.executor_stop(tool)
         for tr, g in zip(rows, frozen.generate(chats, max_new_tokens=cfg.executor_tokens, temperature=0.0, prefix=prefix, stop=stop)):
             # A completion with nothing after the forced prefix is no command at all.
             tr.turns[-1].command = modules.parse_command(prefix + g.text, tool) if g.text.strip() else ""

@@ -57,6 +57,20 @@ def tool_probabilities(model, tokenizer, query: str, tools) -> list[float]:
     return [float(logp[i, :len(n)].sum().exp()) for i, n in enumerate(names)]
 
 
+def tool_choice_tokens(tokenizer, tools) -> tuple[int, ...]:
+    """The first token of each tool's name as the planner writes it after "Tool Name:" (" Python",
+    " Fact", " Local" for SmolLM2): what --tool-temperature restricts the action's first token to; it
+    decides the tool, and rollout.plan_chosen writes the rest of the name. Drawn among the tools only,
+    every tool is tried on every question until training makes one near-certain (free text at 135M was
+    not: README)."""
+    ids = [tokenizer(" " + name, add_special_tokens=False).input_ids[0] for name in tools]
+    if len(set(ids)) < len(ids):
+        same = [n for n, i in zip(tools, ids) if ids.count(i) > 1]
+        raise ValueError(f"--tool-temperature: the tools {', '.join(same)} begin with the same token, so the first "
+                         "token cannot choose between them; drop one from --tools or use --tool-temperature 0")
+    return tuple(ids)
+
+
 @torch.inference_mode()
 def choice_logits(engine, chat, prefix: str, choices) -> list[float]:
     """The next token's logits for the `choices` (token ids) after `chat` and `prefix`: one forward pass

@@ -58,14 +58,14 @@ def sample(model, prompts, pad, eos, max_new_tokens, temperature, top_p, stopper
 class FastEngine(HFEngine):
     """engine.HFEngine with the speed-ups: the same interface and results (tests/test_engine.py)."""
 
-    def generate_batched(self, prompts, max_new_tokens, temperature, top_p, stop, choices, choice_temperature):
+    def generate_batched(self, prompts, max_new_tokens, temperature, top_p, stop, choices, choice_temperature, then=None):
         """Greedy: each distinct prompt decoded once, its completion copied to the prompts equal to it
         (a group's samples that chose the same tool send the executor and the generator the same prompt)."""
         distinct = list(dict.fromkeys(map(tuple, prompts)))
         if temperature > 0 or len(distinct) == len(prompts):
-            return super().generate_batched(prompts, max_new_tokens, temperature, top_p, stop, choices, choice_temperature)
+            return super().generate_batched(prompts, max_new_tokens, temperature, top_p, stop, choices, choice_temperature, then)
         done = dict(zip(distinct, super().generate_batched([list(p) for p in distinct], max_new_tokens, temperature,
-                                                           top_p, stop, choices, choice_temperature)))
+                                                           top_p, stop, choices, choice_temperature, then)))
         return [dataclasses.replace(done[tuple(p)], prompt_ids=list(p), response_ids=list(done[tuple(p)].response_ids),
                                     logprobs=list(done[tuple(p)].logprobs)) for p in prompts]
 

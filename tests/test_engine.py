@@ -198,7 +198,7 @@ def test_tool_choice_draws_the_first_token_among_the_tools_at_its_own_temperatur
     the tokens after it are free, at the planner temperature; greedy takes the likeliest tool.
     --calibrate-tools' offsets are added to the choices' logits first, in the draw, in the recorded
     log-prob and in the greedy choice."""
-    from rollout import tool_choice_tokens
+    from bookkeeping.tool_choice import tool_choice_tokens
 
     model = make_tiny_model(len(tokenizer))
     engine = (FastEngine if speedups else HFEngine)(model, tokenizer)
@@ -226,8 +226,45 @@ def test_tool_choice_draws_the_first_token_among_the_tools_at_its_own_temperatur
     assert torch.allclose(torch.tensor(choice_logits(engine, chat, modules.PLANNER_PREFIX, choices)), z[list(choices)], atol=1e-4)
 
 
+@pytest.mark.parametrize("speedups", [False, True])
+def test_tokens_forced_after_the_choice_are_written_then_the_line_is_sampled_to_its_end(tokenizer, speedups):
+    """`then` (cpu-plan's action in one call): after the drawn token, its forced tokens are written with
+    log-prob 0 ("\\nSub-Goal:" holds a newline, yet does not end the line), then the reply is sampled up
+    to the stop string, at most max_new_tokens generated tokens (the forced ones come on top); a row cut
+    there is truncated. Every sampled token's log-prob is the policy's."""
+    from bookkeeping.tool_choice import tool_choice_tokens
+
+    model = make_tiny_model(len(tokenizer))
+    # A random tiny model almost never writes a newline; this one does, so that lines of both ends occur.
+    pull = torch.zeros(len(tokenizer))
+    pull[tokenizer.encode("\n", add_special_tokens=False)[0]] = 6.5
+    model.lm_head.register_forward_hook(lambda module, args, out: out + pull)
+    engine = (FastEngine if speedups else HFEngine)(model, tokenizer)
+    choices = tool_choice_tokens(tokenizer, OFFLINE_TOOLS)
+    then = {c: tokenizer(name[1:] + "\nSub-Goal:", add_special_tokens=False).input_ids  # any forced tokens
+            for c, name in zip(choices, (" Python_Coder", " Local_Search", " Base_Generator"))}
+    chat = modules.planner_prompt("What is 4821 * 37?", "", OFFLINE_TOOLS, Memory(), 600)
+    torch.manual_seed(1)
+    gens = engine.generate([chat] * 12, max_new_tokens=4, temperature=0.7, prefix=modules.PLANNER_PREFIX,
+                           stop=("\n",), choices=choices, choice_temperature=2.0, then=then)
+    ends = set()
+    for g in gens:
+        forced = then[g.response_ids[0]]
+        n = 1 + len(forced)
+        assert g.response_ids[1:n] == forced and g.logprobs[1:n] == [0.0] * len(forced)
+        line = g.response_ids[n:]
+        assert 1 <= len(line) <= 4 - 1  # the choice counts as a generated token, the forced ones do not
+        assert g.truncated == ("\n" not in tokenizer.decode(line) and line[-1] != tokenizer.eos_token_id)
+        ends.add(g.truncated)
+        with torch.no_grad():
+            logits = model(torch.tensor([g.prompt_ids + g.response_ids])).logits[0, len(g.prompt_ids) - 1: -1]
+        sampled = torch.log_softmax(logits[n:] / 0.7, -1).gather(1, torch.tensor(line)[:, None])[:, 0]
+        assert torch.allclose(sampled, torch.tensor(g.logprobs[n:]), atol=1e-4)
+    assert ends == {True, False}  # lines ended by the stop string, and lines cut at max_new_tokens
+
+
 def test_tool_choice_refuses_tools_whose_names_begin_with_the_same_token(tokenizer):
-    from rollout import tool_choice_tokens
+    from bookkeeping.tool_choice import tool_choice_tokens
 
     assert len(set(tool_choice_tokens(tokenizer, ("Python_Coder", "Fact_Lookup", "Local_Search", "Wikipedia_Search")))) == 4
 

@@ -129,15 +129,19 @@ def test_parse_answer_takes_the_last_candidate():
     assert parse_answer("Answer: 178377") == "178377"
 
 
-@pytest.mark.parametrize("text, arithmetic", [
-    ("57 + 1856", True), ("4821 * 37", True), (" 12 / 4 ", True), ("(3 + 4) * 2", True), ("1856+57", True),
-    ("57", False), ("57 +", False), ("(57 + 1856", False),  # no operator, or no program
-    ("1,856 + 57", False), ("What is 4821 * 37?", False), ("add 57 to 1856", False),
-    ("__import__('os').system('ls')", False), ("57 + x", False), ("", False), (None, False),
+@pytest.mark.parametrize("text, expression", [
+    ("57 + 1856", "57 + 1856"), ("4821 * 37", "4821 * 37"), (" 12 / 4 ", "12 / 4"), ("(3 + 4) * 2", "(3 + 4) * 2"),
+    ("1856+57", "1856+57"), ("What is 4821 * 37?", "4821 * 37"), ("Finds 21 + 1961", "21 + 1961"),
+    ("[fact of 23 + 1852]", "23 + 1852"),
+    ("57", ""), ("57 +", ""), ("(57 + 1856", ""), ("2419 * 31 - 448 *", ""),  # no operator, or no whole program
+    ("1,856 + 57", ""), ("add 57 to 1856", ""), ("12 + 3 then 4 * 5", ""),  # a comma in it, none, or several
+    ("A shop sells 46 boxes of 22 pencils each.", ""), ("__import__('os').system('ls')", ""), ("57 + x", ""),
+    ("", ""), (None, ""),
 ])
-def test_is_arithmetic_accepts_plain_arithmetic_on_numbers_only(text, arithmetic):
-    """A Python_Coder sub-goal that is plain arithmetic is run as print(<sub-goal>) without an executor."""
-    assert modules.is_arithmetic(text) is arithmetic
+def test_arithmetic_in_finds_the_one_whole_expression_on_numbers(text, expression):
+    """A Python_Coder sub-goal that holds one arithmetic expression is run as print(<expression>) without an
+    executor; anything else goes to the executor."""
+    assert modules.arithmetic_in(text) == expression
 
 
 # ---- prompts --------------------------------------------------------------------------------

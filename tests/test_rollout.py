@@ -49,7 +49,7 @@ def test_with_a_tool_temperature_every_action_names_a_listed_tool_and_carries_it
     """--tool-temperature: a random tiny planner, which otherwise names no tool, names one of the
     listed tools in every action (sampled and greedy), and each Turn records the choices it was drawn
     from, which the update needs."""
-    from rollout import tool_choice_tokens
+    from bookkeeping.tool_choice import tool_choice_tokens
 
     torch.manual_seed(0)
     cfg = RolloutConfig(max_turns=1, temperature=0.7, tool_temperature=2.0, analysis_tokens=0, planner_tokens=4,
@@ -203,7 +203,7 @@ def test_done_is_not_offered_on_turn_1_and_a_planner_that_picks_it_at_turn_2_end
     nothing added to the memory, and the generator answers from the steps so far."""
     from conftest import make_tiny_model
     from engine import HFEngine
-    from rollout import tool_choice_tokens
+    from bookkeeping.tool_choice import tool_choice_tokens
 
     tools = ("Python_Coder", "Fact_Lookup", "Done")
     python, lookup, done = tool_choice_tokens(tokenizer, tools)
@@ -242,8 +242,12 @@ def test_done_is_not_offered_on_turn_1_and_a_planner_that_picks_it_at_turn_2_end
     for tr, kind in zip(trajs, ["calculation", "calculation", "fact", "fact"]):
         tr.example = {"kind": kind}
     m = step_metrics(1, trajs, torch.tensor([1.0, 0.0, 1.0, 1.0]), [0, 0, 1, 1], 0, new_update_sums(), 0.0, 0.0,
-                     Accelerator(cpu=True), tools, kinds=("calculation", "fact", "two-hop"))
+                     Accelerator(cpu=True), tools, kinds=("calculation", "fact", "two-hop"), max_turns=3)
     assert m["reward_by_kind"] == {"calculation": 0.5, "fact": 1.0, "two-hop": 0.0}
+    # ... and how many of each kind's trajectories ran each plan, its tools in order.
+    from collections import Counter
+    ran = {k: Counter(f"{tr.turns[0].tool}>Done" for tr in trajs if tr.example["kind"] == k) for k in ("calculation", "fact")}
+    assert m["plans_by_kind"] == {"calculation": dict(ran["calculation"]), "fact": dict(ran["fact"]), "two-hop": {}}
 
 
 def test_calibrated_tools_prefer_no_tool_on_a_question_that_says_nothing_and_every_turn_records_its_offsets(tokenizer):
@@ -255,7 +259,7 @@ def test_calibrated_tools_prefer_no_tool_on_a_question_that_says_nothing_and_eve
     from engine import HFEngine
     from bookkeeping.tool_choice import choice_logits, tool_offsets
     from memory import Memory
-    from rollout import tool_choice_tokens
+    from bookkeeping.tool_choice import tool_choice_tokens
 
     tools = ("Fact_Lookup", "Python_Coder", "Done")
     choices = tool_choice_tokens(tokenizer, tools)
@@ -283,7 +287,7 @@ def test_calibrated_tools_prefer_no_tool_on_a_question_that_says_nothing_and_eve
     assert all(isinstance(turn.first_choices, tuple) for turn in plain[0].turns)
 
 
-def test_a_python_coder_sub_goal_that_is_plain_arithmetic_runs_as_it_is_without_an_executor_call():
+def test_a_python_coder_sub_goal_that_holds_arithmetic_runs_it_as_it_is_without_an_executor_call():
     class WritesSubGoal(ScriptedEngine):
         def __init__(self, sub_goal):
             super().__init__([])
@@ -302,6 +306,10 @@ def test_a_python_coder_sub_goal_that_is_plain_arithmetic_runs_as_it_is_without_
                    Toolbox(cfg.tool_names(), llm=eng), cfg)
     assert tr.turns[0].command == "print(57 + 1856)" and tr.turns[0].result.strip() == "1913"
     assert "You write Python code." not in eng.calls
+    eng = WritesSubGoal("Finds 57 + 1856")  # the expression among words: run as it is
+    [tr] = rollout(["What is 57 plus the year in which Noullysk Foundry was founded?"], eng, eng,
+                   Toolbox(cfg.tool_names(), llm=eng), cfg)
+    assert tr.turns[0].command == "print(57 + 1856)" and "You write Python code." not in eng.calls
     eng = WritesSubGoal("add 57 to the year")  # words: the executor writes the program
     [tr] = rollout(["What is 4821 * 37?"], eng, eng, Toolbox(cfg.tool_names(), llm=eng), cfg)
     assert tr.turns[0].command == "print(4821 * 37)" and "You write Python code." in eng.calls

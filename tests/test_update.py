@@ -171,7 +171,7 @@ def test_the_update_computes_a_restricted_tool_choice_as_the_engine_recorded_it(
     from engine import HFEngine
     from flow_grpo import restrict_first_token
     from memory import Memory
-    from rollout import tool_choice_tokens
+    from bookkeeping.tool_choice import tool_choice_tokens
     from tools import OFFLINE_TOOLS
 
     model = make_tiny_model(len(tokenizer)).eval()
