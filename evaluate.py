@@ -4,7 +4,7 @@
     python evaluate.py --data mixed --n 100 --mode direct --out runs/eval/direct
     python evaluate.py --data mixed --n 100 --checkpoint runs/r1/checkpoints/step-000100 --out runs/eval/trained
     python evaluate.py --data mixed --n 100 --fixed-tool Python_Coder --out runs/eval/fixed
-    python evaluate.py --data planning --n 100 --preset cpu-demo --oracle --out runs/eval/oracle
+    python evaluate.py --data planning --n 100 --preset cpu-route --oracle --out runs/eval/oracle
     python evaluate.py --compare runs/eval/direct runs/eval/agentflow runs/eval/trained [--json table.json]
 
 Two systems are measured on the same questions:

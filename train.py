@@ -303,13 +303,16 @@ def train(cfg: Config, reward_fn=None, given=frozenset(), accelerator=None) -> d
             policy.train()
 
         # ---- 5. loss and optimiser steps: one step per mini-batch, gradients accumulated ---------
+        for group in optimizer.param_groups:  # the warm-up: lr * step / warmup_steps until it reaches lr
+            group["lr"] = cfg.lr * min(1.0, step / cfg.warmup_steps) if cfg.warmup_steps else cfg.lr
         upd = update(cfg, accelerator, policy, optimizer, minis, pad, path)
         update_s = time.perf_counter() - t1
 
         # ---- 6. log: metrics reduced over processes, one line per step; samples; checkpoints -----
         metrics = step_metrics(step, trajs, rewards, group_of, len(trained), upd, rollout_s, update_s, accelerator, tools,
                                groups_trained=len({g for _, g in rows}) if cfg.filter_groups else None,
-                               kl_measured=cfg.kl_coef > 0, kinds=tuple(sorted(set(cfg.kind_names()))))
+                               kl_measured=cfg.kl_coef > 0, kinds=tuple(sorted(set(cfg.kind_names()))),
+                               max_turns=cfg.max_turns, lr=optimizer.param_groups[0]["lr"])
         if cfg.eval_every and (step % cfg.eval_every == 0 or step == cfg.steps):
             metrics |= launch.test_accuracy(cfg, policy, planner, frozen_engine, toolbox, test_examples, accelerator)
         launch.write_step(cfg, accelerator, step, metrics, run_info, trajs)

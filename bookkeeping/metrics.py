@@ -5,6 +5,8 @@ follow TRL where one exists: frac_reward_zero_std, clip fractions):
 
     reward_mean, accuracy      mean R_i and the share of correct trajectories in the batch
     reward_by_kind             mean R_i per kind of question (--kinds)
+    plans_by_kind              per kind (--kinds), how many trajectories ran each plan, the tools in
+                               order ("Fact_Lookup>Python_Coder"); "(other)" for a plan off the list
     frac_reward_zero_std       groups whose G rewards are all equal: they carry no learning signal
     kl, entropy                k3 KL to the frozen reference and entropy of pi_theta on the trained
                                response tokens (null on a step that trained no row: filter_groups)
@@ -12,6 +14,7 @@ follow TRL where one exists: frac_reward_zero_std, clip fractions):
     turns_per_traj, tool_calls, tool_errors, invalid_action_rate, empty_command_rate
     response_length, truncation_ratio   planner tokens per turn, turns cut by max_new_tokens
     grad_norm, skipped_updates          the largest pre-clip gradient norm; non-finite updates skipped
+    lr                         the step's learning rate (it rises over the --warmup-steps)
     rollout_s, update_s, rollout_tok_s, update_tok_s
     test_accuracy              greedy accuracy on fixed test questions, every eval_every steps
     test_accuracy_by_kind      the same per kind of question, when the questions name their kind
@@ -21,6 +24,7 @@ rollout_stats counts the same rollout figures for one process's trajectories (ev
 """
 
 import hashlib
+import itertools
 import math
 from collections import Counter
 from pathlib import Path
@@ -64,15 +68,36 @@ def add_optimizer_step(sums: dict, loss: float, grad_norm: float, applied: bool)
         sums["grad_norm"] = max(sums["grad_norm"], grad_norm)
 
 
+def plan_names(tools, max_turns: int) -> list[str]:
+    """Every plan a planner with these tools can run in max_turns turns, as "A>B": up to max_turns tools,
+    a stop tool (Done) only last and never first. plans_by_kind counts trajectories under these names.
+
+    >>> plan_names(("Fact_Lookup", "Done"), 2)
+    ['Fact_Lookup', 'Fact_Lookup>Done', 'Fact_Lookup>Fact_Lookup']
+    """
+    steps, stops = [t for t in tools if not is_stop(t)], [t for t in tools if is_stop(t)]
+    plans = []
+    for n in range(1, max_turns + 1):
+        for seq in itertools.product(steps, repeat=n):
+            plans += [">".join(seq)] + ([">".join(seq + (s,)) for s in stops] if n < max_turns else [])
+    return sorted(plans)
+
+
+def plan_of(traj) -> str:
+    """The plan a trajectory ran: its tools in order, "A>B"."""
+    return ">".join(t.tool or "(none)" for t in traj.turns)
+
+
 def step_metrics(step, trajs, rewards, group_of, n_rows, upd, rollout_s, update_s, accelerator, tools,
-                 groups_trained=None, kl_measured=True, kinds=()) -> dict:
+                 groups_trained=None, kl_measured=True, kinds=(), max_turns=0, lr=None) -> dict:
     """Per-step metrics; sums are reduced over processes so every figure covers the whole batch.
 
     upd holds train.update's sums over the micro-batches this process trained (new_update_sums) and
     their count `micro`: the means here are over every process's micro-batches, not rank 0's.
     groups_trained (filter_groups, one process): how many groups had signal and were trained.
     kl_measured False (kl_coef 0): no reference pass ran, so the KL is null, not a made-up 0.
-    kinds (--kinds, the same on every process): the mean reward of each kind's trajectories, reward_by_kind."""
+    kinds (--kinds, the same on every process): the mean reward of each kind's trajectories, reward_by_kind,
+    and with max_turns the plans each kind's trajectories ran, plans_by_kind. lr: the step's learning rate."""
     turns = [t for tr in trajs for t in tr.turns]
     kind_of = [(tr.example or {}).get("kind") for tr in trajs]  # (N,) for reward_by_kind
     calls = Counter(t.tool or "(none)" for t in turns)
@@ -93,6 +118,9 @@ def step_metrics(step, trajs, rewards, group_of, n_rows, upd, rollout_s, update_
         **{f"reward/{k}": float(rewards[[kind == k for kind in kind_of]].sum()) for k in kinds},
         **{f"n/{k}": kind_of.count(k) for k in kinds},
     }
+    plans = plan_names(tools, max_turns) + ["(other)"] if max_turns else []
+    ran = Counter((kind, plan_of(tr) if plan_of(tr) in plans else "(other)") for kind, tr in zip(kind_of, trajs))
+    sums |= {f"plan/{k}/{p}": ran[k, p] for k in kinds for p in plans}
     keys = sorted(sums)
     total = accelerator.reduce(torch.tensor([float(sums[k]) for k in keys], device=accelerator.device), "sum").tolist()
     s = dict(zip(keys, total))
@@ -108,9 +136,12 @@ def step_metrics(step, trajs, rewards, group_of, n_rows, upd, rollout_s, update_
         "tool_errors": {t: int(s[f"errors/{t}"]) for t in tools + ("(none)",)},
         "response_length": s["gen_tokens"] / turns, "truncation_ratio": s["truncated"] / turns,
         "grad_norm": upd["grad_norm"], "skipped_updates": upd["skipped_updates"], "optimizer_steps": upd["optimizer_steps"],
+        **({} if lr is None else {"lr": lr}),
         "rollout_s": rollout_s, "update_s": update_s,
         "rollout_tok_s": s["gen_tokens"] / max(rollout_s, 1e-9), "update_tok_s": s["update_tokens"] / max(update_s, 1e-9),
     } | ({"reward_by_kind": {k: s[f"reward/{k}"] / max(s[f"n/{k}"], 1) for k in kinds}} if kinds else {}) | (
+        {"plans_by_kind": {k: {p: int(s[f"plan/{k}/{p}"]) for p in plans if s[f"plan/{k}/{p}"]} for k in kinds}}
+        if kinds and plans else {}) | (
         {} if s["rows"] else {k: None for k in UPDATE_STATS}) | (  # nothing trained (filter_groups): no such figure
         {} if groups_trained is None else {"groups_trained": groups_trained}) | ({} if kl_measured else {"kl": None})
 

@@ -51,6 +51,7 @@ def validate(cfg: Config, world: int = 1):
         (cfg.max_turns >= 1, f"--max-turns {cfg.max_turns}: must be >= 1"),
         (cfg.temperature > 0, "--temperature must be > 0: Flow-GRPO needs sampled, not greedy, trajectories"),
         (cfg.lr > 0 and cfg.steps >= 1, "--lr must be > 0 and --steps >= 1"),
+        (cfg.warmup_steps >= 0, "--warmup-steps must be >= 0 (0 = a constant learning rate)"),
         (cfg.agg in AGGREGATIONS, f"--agg {cfg.agg!r}: choose from {', '.join(AGGREGATIONS)}"),
         (cfg.kl_kind in KL_KINDS, f"--kl-kind {cfg.kl_kind!r}: choose from {', '.join(KL_KINDS)}"),
         (cfg.credit in ("broadcast", "last"), f"--credit {cfg.credit!r}: choose broadcast or last"),

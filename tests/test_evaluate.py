@@ -285,8 +285,8 @@ def test_on_a_cpu_the_rollout_sizes_are_the_cpu_presets_and_the_papers_are_a_fla
     assert args.sizes_source.startswith("paper")
     # A size flag wins over the machine's sizes; a preset replaces them.
     assert evaluate.parse_args(base + ["--max-turns", "5"])[0].max_turns == 5
-    demo, args = evaluate.parse_args(base + ["--preset", "cpu-demo"])
-    assert demo.max_turns == PRESETS["cpu-demo"]["max_turns"] and args.sizes_source == "--preset cpu-demo"
+    demo, args = evaluate.parse_args(base + ["--preset", "cpu-route"])
+    assert demo.max_turns == PRESETS["cpu-route"]["max_turns"] and args.sizes_source == "--preset cpu-route"
 
 
 def test_the_run_says_which_sizes_it_used(runs):

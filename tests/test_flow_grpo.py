@@ -401,7 +401,7 @@ def test_flat_groups_are_the_groups_with_all_equal_rewards():
 
 def test_beta_zero_is_the_policy_loss_alone_and_reports_no_made_up_kl():
     # With kl_coef 0 train.py skips the reference pass, so ref_logp holds zeros: the k3 estimate
-    # against them was reported as a "KL" of 0.2-0.6 in the cpu-demo's metrics. Now it is no term at all.
+    # against them was reported as a "KL" of 0.2-0.6 in the cpu-route's metrics. Now it is no term at all.
     from types import SimpleNamespace
 
     from flow_grpo import flow_grpo_loss

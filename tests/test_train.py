@@ -161,6 +161,16 @@ def test_filter_groups_trains_only_the_groups_whose_rewards_differ(tiny_model_di
     assert m["frac_reward_zero_std"] == 0.0 and m["optimizer_steps"] >= 1 and m["update_tok_s"] > 0
 
 
+def test_the_learning_rate_rises_over_the_warmup_steps_then_stays(tiny_model_dir, tmp_path):
+    """--warmup-steps N: lr * step / N until step N, then lr; every metrics line says the step's lr."""
+    args = TINY + ["--model", str(tiny_model_dir), "--steps", "3", "--checkpoint-every", "0", "--lr", "1e-3"]
+    for warmup, expected in ((2, [5e-4, 1e-3, 1e-3]), (0, [1e-3] * 3)):
+        cfg, _ = train.parse_args(args + ["--warmup-steps", str(warmup), "--out", str(tmp_path / f"w{warmup}")])
+        train.train(cfg)
+        lines = [json.loads(line) for line in (tmp_path / f"w{warmup}" / "metrics.jsonl").read_text().splitlines()]
+        assert [m["lr"] for m in lines] == pytest.approx(expected)
+
+
 def test_kinds_give_every_step_as_many_questions_of_each_kind_and_walk_through_each_kind():
     # --kinds (the planning suite's four): 2 of each kind in every step of 8, no question again before
     # its kind's pool is used up; without --kinds the one shuffle of all questions, as before.
@@ -302,6 +312,7 @@ def test_two_processes_keep_identical_parameters(tiny_model_dir, tmp_path):
     (["--questions-per-step", "4", "--mini-batch-questions", "4", "--kinds", "a,b,c"], "multiple of the 3 --kinds"),
     (["--tool-temperature", "-1"], "--tool-temperature"),
     (["--credit", "first"], "choose broadcast or last"),
+    (["--warmup-steps", "-1"], "--warmup-steps"),
 ])
 def test_bad_settings_fail_before_any_work_with_what_to_change(args, words):
     res = subprocess.run([sys.executable, "train.py", "--model", "/nonexistent", *args], cwd=ROOT,
