@@ -1,9 +1,9 @@
 """The CPU demo: Flow-GRPO trains the embedded agent's planner in its own loop, on 2 CPU cores.
 
-Two presets (config.py): cpu-demo, one turn whose action is the tool (it learns to route: README);
-cpu-plan, two turns whose actions are a tool and a sub-goal each, Done to stop, so that a sub-goal
-must carry one step's result into the next tool call (issue 24: it learns the sub-goals, not yet the tool plans).
-Under cpu-plan the tool is drawn calibrated (--calibrate-tools, bookkeeping/tool_choice.py).
+Two presets (config.py): cpu-plan (the default), two turns whose actions are a tool and a sub-goal each,
+Done to stop, so that a sub-goal must carry one step's result into the next tool call; cpu-route, one
+turn whose action is the tool alone (it learns to route: README). Under cpu-plan the tool is drawn
+calibrated (--calibrate-tools, bookkeeping/tool_choice.py).
 
 On N test questions of the planning suite (environment/planning.py: calculations and facts, one step
 each, and two multi-step kinds, fact-then-sum and two-hop, whose step 2 needs what step 1 found),
@@ -23,16 +23,19 @@ the same questions for every row:
                                                              with more than one turn only)
     8. the trained agents    evaluate.py --checkpoint        rows 6 and 7 evaluated
     9. the table: accuracy with Wilson 95% intervals per kind and for all, and the trained agent minus
-       each row, paired on the same questions (evaluate.py --compare); the learning curve of both runs
+       each row, paired on the same questions (evaluate.py --compare); the learning curve of both runs;
+       the training speed in trajectories a minute; and, with more than one turn, one multi-step question
+       of each kind with its G trajectories sampled as in training, untrained and trained
+       (trajectories.txt: what each turn's sub-goal carried into the next tool call)
 
 Every step is one of the project's own commands, printed before it runs, so each row of the table can
-be reproduced alone. Rows 3-5 run with `python demo.py --baselines only` into the same folder, and
-`python demo.py` then shows them; `--ablation skip` leaves row 7 out.
+be reproduced alone. `--baselines skip` takes rows 1-5 from an earlier run in the same folder;
+`--ablation skip` leaves row 7 out.
 
-Run:   python demo.py --baselines only     (rows 3-5: the fixed plans and the oracles)
-       python demo.py                      (writes runs/demo/: results.md, results.json, learning_curve.png)
+Run:   python demo.py                      (writes runs/demo/: results.md, results.json, learning_curve.png,
+                                            trajectories.txt, timing.json)
        python demo.py --n 20 --steps 4     (a quick look)
-       python demo.py --preset cpu-plan    (the multi-step planner, with the ablation)
+       python demo.py --preset cpu-route   (the one-turn routing demo)
 """
 
 import argparse
@@ -84,7 +87,8 @@ def plot(runs: dict, accuracy: dict, final_step: int, path: Path):
                 label=f"{name}: training reward (batch mean)")
         tests = [(m["step"], m["test_accuracy"]) for m in lines if "test_accuracy" in m]
         if tests:
-            ax.plot(*zip(*tests), "o--", color=color, label=f"{name}: test accuracy during training (eval_n questions)")
+            n = json.loads((metrics_path.parent / "config.json").read_text())["eval_n"]
+            ax.plot(*zip(*tests), "o--", color=color, label=f"{name}: test accuracy during training ({n} questions, greedy)")
     fixed = {k: v for k, v in accuracy.items() if k.startswith(FIXED)}
     styles = {BASE: ("black", ":"), UNTRAINED: ("tab:red", ":"), ROUTER: ("tab:green", "-."), ORACLE: ("tab:green", "--")}
     if fixed:
@@ -111,20 +115,60 @@ def trajectories_per_minute(metrics_path: Path) -> float:
     return 60 * sum(m.get("trajectories", 0) for m in steps) / seconds if seconds else 0.0
 
 
+def before_and_after(data: str, n: int, seed: int, preset: str, model: str, checkpoint: Path, path: Path):
+    """The first multi-step question of each kind among the demo's, its G trajectories sampled as in
+    training (the preset's rollout: the planner at its temperatures, the frozen modules greedy), with the
+    untrained planner and with the trained one; written to `path` as text, one line a trajectory: each
+    turn's tool, the sub-goal it wrote, and what the tool found with it."""
+    import torch
+
+    import speedups
+    from bookkeeping.models import load_model
+    from config import Config
+    from environment import planning, scoring, tasks
+    from rollout import rollout
+    from tools import Toolbox
+
+    cfg = Config(**{**PRESETS[preset], "model": model})
+    examples = tasks.load(data, n=n, seed=seed)
+    picks = [next(e for e in examples if e.get("kind") == k) for k in planning.MULTI_STEP
+             if any(e.get("kind") == k for e in examples)]
+    frozen_model, tokenizer = load_model(model)
+    on, _ = speedups.choose(None, frozen_model)
+    frozen = speedups.engine(frozen_model, tokenizer, on, cfg.max_batch)
+    trained = speedups.engine(*load_model(str(evaluate.resolve_checkpoint(str(checkpoint))[0])), on, cfg.max_batch)
+    toolbox = Toolbox(cfg.tool_names(), llm=frozen)
+    lines = []
+    for ex in picks:
+        lines.append(f"{ex['query']}   (gold {ex['answer']}; right plan: "
+                     + " then ".join(f"{tool} {goal!r}" for tool, goal in zip(ex["tools"], ex["sub_goals"])) + ")")
+        for name, planner in (("untrained", frozen), ("trained", trained)):
+            torch.manual_seed(seed)
+            trajs = rollout([ex["query"]] * cfg.group_size, planner, frozen, toolbox, cfg, examples=[ex] * cfg.group_size)
+            rewards = [scoring.score(tr.final_output, ex) for tr in trajs]
+            lines.append(f"  {name}: {int(sum(rewards))} of {len(trajs)} right")
+            for tr, r in zip(trajs, rewards):
+                steps = "  |  ".join(f"{t.tool} {t.sub_goal[:44]!r} -> {t.result.strip()[:44]!r}" if t.command else t.tool
+                                     for t in tr.turns)
+                lines.append(f"    {'right' if r else 'wrong'}  {steps}  =>  {tr.answer[:30]!r}")
+        lines.append("")
+    path.write_text("\n".join(lines))
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--preset", choices=("cpu-demo", "cpu-plan"), default="cpu-demo",
-                   help="cpu-demo: one turn, the tool as the action (learns: README); cpu-plan: two turns, the tool "
-                        "and a sub-goal each, Done to stop (issue 24, not yet shown to learn)")
-    p.add_argument("--out", default="", help="output folder (default: runs/demo, or runs/demo-cpu-plan)")
+    p.add_argument("--preset", choices=("cpu-plan", "cpu-route"), default="cpu-plan",
+                   help="cpu-plan: two turns, a tool and a sub-goal each, Done to stop (the multi-step planner); "
+                        "cpu-route: one turn, the tool as the action")
+    p.add_argument("--out", default="", help="output folder (default: runs/demo, or runs/demo-cpu-route)")
     p.add_argument("--n", type=int, default=100, help="test questions of the demo's suite, the same for every row")
     p.add_argument("--data", help="the suite (default: the preset's, planning)")
     p.add_argument("--steps", type=int, help="training steps (default: the preset's)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--model", help="the model of every row (default: the preset's, the embedded one)")
-    p.add_argument("--baselines", choices=("skip", "only", "all"), default="skip",
-                   help="the fixed plans and the two oracles: skip them (the table still shows those already in "
-                        "--out), run only them, or run them too")
+    p.add_argument("--baselines", choices=("all", "skip", "only"), default="all",
+                   help="rows 1-5 (the base model, the untrained planner, the fixed plans and the two oracles): run "
+                        "them (all), take them from an earlier run in --out (skip), or run only them (only)")
     p.add_argument("--ablation", choices=("auto", "run", "skip"), default="auto",
                    help="the same training run with --credit last (the advantage on each trajectory's last turn "
                         "only); auto = run it when the preset has more than one turn")
@@ -132,7 +176,7 @@ def main(argv=None):
     preset = PRESETS[pre.preset]
     p.set_defaults(data=preset["data"], steps=preset["steps"], model=preset["model"])
     args = p.parse_args(argv)
-    out = Path(args.out or ("runs/demo" if args.preset == "cpu-demo" else f"runs/demo-{args.preset}"))
+    out = Path(args.out or ("runs/demo" if args.preset == "cpu-plan" else f"runs/demo-{args.preset}"))
     ablation = args.ablation == "run" or (args.ablation == "auto" and preset["max_turns"] > 1)
     # The agent is evaluated with the rollout sizes it is trained with (evaluate.py --preset), planner greedy.
     agent = ["--mode", "agent", "--preset", args.preset, "--batch-size", "50"]
@@ -145,16 +189,16 @@ def main(argv=None):
         rows.append((name, out / folder))
 
     t0 = time.perf_counter()
-    if args.baselines != "only":
-        evaluate(BASE, "eval-direct", model + ["--mode", "direct", "--preset", args.preset, "--batch-size", "50"])
-        evaluate(UNTRAINED, "eval-untrained", model + agent)
-    baselines = [(FIXED + " then ".join(plan), "eval-fixed-" + "-".join(plan), ["--fixed-tool", ",".join(plan)])
-                 for plan in fixed_plans(preset["tools"].split(","), preset["max_turns"])]
-    baselines += [(ROUTER, "eval-oracle-router", ["--oracle", "router"]), (ORACLE, "eval-oracle-planner", ["--oracle", "planner"])]
+    baselines = [(BASE, "eval-direct", ["--mode", "direct", "--preset", args.preset, "--batch-size", "50"]),
+                 (UNTRAINED, "eval-untrained", agent)]
+    baselines += [(FIXED + " then ".join(plan), "eval-fixed-" + "-".join(plan), agent + ["--fixed-tool", ",".join(plan)])
+                  for plan in fixed_plans(preset["tools"].split(","), preset["max_turns"])]
+    baselines += [(ROUTER, "eval-oracle-router", agent + ["--oracle", "router"]),
+                  (ORACLE, "eval-oracle-planner", agent + ["--oracle", "planner"])]
     for name, folder, extra in baselines:
         if args.baselines != "skip":
-            evaluate(name, folder, model + agent + extra)
-        elif (out / folder / "summary.json").is_file():  # run before with --baselines only, same questions
+            evaluate(name, folder, model + extra)
+        elif (out / folder / "summary.json").is_file():  # run before in this folder, on the same questions
             print(f"(the table takes {name} from {out / folder})", flush=True)
             rows.append((name, out / folder))
     if args.baselines == "only":
@@ -182,6 +226,11 @@ def main(argv=None):
     accuracy = {name: json.loads((folder / "summary.json").read_text())["accuracy"] for name, folder in rows}
     plot({name: out / folder / "metrics.jsonl" for name, (_, folder, _) in runs.items()}, accuracy, args.steps,
          out / "learning_curve.png")
+    if preset["max_turns"] > 1:  # what the trained sub-goals carry from one step into the next
+        t1 = time.perf_counter()
+        before_and_after(args.data, args.n, args.seed, args.preset, args.model,
+                         out / "train" / "checkpoints" / f"step-{args.steps:06d}", out / "trajectories.txt")
+        seconds["trajectories before and after"] = time.perf_counter() - t1
     minutes = (time.perf_counter() - t0) / 60
     timing = ", ".join(f"{name} {s:.0f} s" for name, s in seconds.items())
     (out / "timing.json").write_text(json.dumps({"minutes": minutes, "seconds": seconds,

@@ -55,7 +55,7 @@ TOOLS = {t.name: t for t in [  # Tool(name, description, input, kind)
          "a short search query naming the person, city, company or invention", "text"),
     # No executor: the command is the sub-goal and then the question (rollout.py), as an executor
     # would see both. A sub-goal that names the entity and the fact decides what is asked; one
-    # that names none leaves the question to do it (why no executor: results/demo/history.md).
+    # that names none leaves the question to do it (why no executor: results/route/history.md).
     Tool("Fact_Lookup", "finds a fact about a person, city, company or invention (who, when, where)",
          "the planner's sub-goal, then the question: what to find and the name it is about", "sub-goal"),
     Tool("Wikipedia_Search", "finds the introductions of Wikipedia pages, for real-world facts (needs internet)",
@@ -80,7 +80,7 @@ def check_tool_names(names) -> tuple[str, ...]:
 
 def render_for_planner(names) -> str:
     """The tool list in the planner's prompt: each name and what it is for, in a few words (a small
-    planner reads little: longer cards made it name no tool more often, results/demo/history.md)."""
+    planner reads little: longer cards made it name no tool more often, results/route/history.md)."""
     return "\n".join(f"- {TOOLS[n].name}: {TOOLS[n].description}" for n in names)
 
 

@@ -15,15 +15,16 @@ from environment import tasks
 def test_fixed_plans_are_every_sequence_of_the_tools_up_to_max_turns_without_done():
     P, F = "Python_Coder", "Fact_Lookup"
     assert demo.fixed_plans([P, F, "Done"], 2) == [(P,), (F,), (P, P), (P, F), (F, P), (F, F)]
-    assert demo.fixed_plans([P, F], 1) == [(P,), (F,)]  # cpu-demo: one turn, the single tools
+    assert demo.fixed_plans([P, F], 1) == [(P,), (F,)]  # cpu-route: one turn, the single tools
 
 
-def test_demo_writes_the_table_and_the_learning_curve(tiny_model_dir, tmp_path):
-    """The cpu-plan preset (two turns, Done), so that every row runs: its six fixed sequences, both
-    oracles and the last-turn-credit ablation beside the trained agent."""
+def test_demo_writes_the_table_the_learning_curve_and_the_trajectories_before_and_after(tiny_model_dir, tmp_path):
+    """The default, cpu-plan (two turns, Done): every row runs, its six fixed sequences, both oracles and
+    the last-turn-credit ablation beside the trained agent; and the G trajectories of a multi-step
+    question of each kind, untrained and trained."""
     out = tmp_path / "demo"
-    res = subprocess.run([sys.executable, "demo.py", "--preset", "cpu-plan", "--model", str(tiny_model_dir), "--n", "5",
-                          "--steps", "1", "--baselines", "all", "--out", str(out)],
+    res = subprocess.run([sys.executable, "demo.py", "--model", str(tiny_model_dir), "--n", "5", "--steps", "1",
+                          "--out", str(out)],
                          cwd=ROOT, capture_output=True, text=True, timeout=900)
     assert res.returncode == 0, res.stderr[-3000:]
     entries = json.loads((out / "results.json").read_text())
@@ -53,3 +54,9 @@ def test_demo_writes_the_table_and_the_learning_curve(tiny_model_dir, tmp_path):
     assert set(timing["trajectories_per_minute"]) == {"last-turn credit", "broadcast"}
     assert all(v > 0 for v in timing["trajectories_per_minute"].values())
     assert (out / "learning_curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # One multi-step question of each kind among the demo's, its G trajectories before and after training.
+    text = (out / "trajectories.txt").read_text()
+    kinds = {e["kind"] for e in tasks.load("planning", n=5)} & {"fact-then-sum", "two-hop"}
+    group = json.loads((out / "train" / "config.json").read_text())["group_size"]
+    assert kinds and text.count("  untrained: ") == text.count("  trained: ") == len(kinds)
+    assert len([line for line in text.splitlines() if line.startswith(("    right  ", "    wrong  "))]) == 2 * group * len(kinds)
