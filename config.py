@@ -85,7 +85,7 @@ PRESETS = {
     # drawn as one token, then a sub-goal the tool reads (rollout.plan_chosen); Done stops, from turn 2 on.
     # calibrate_tools: untrained, the first tool listed leads by ~5 nats on every question. lr 5e-5 with a
     # KL term: at 2e-4 without one the sub-goals degenerated. warmup_steps: AdamW's first step sent every
-    # kind to Fact_Lookup at once; epochs 2: a rollout is most of a step. G 6 and 12 steps: 30 minutes.
+    # kind to Fact_Lookup at once; epochs 2: a rollout is most of a step. G 6, 12 steps: README.
     "cpu-plan": dict(model=EMBEDDED, data="planning", tools="Fact_Lookup,Python_Coder,Done", tool_temperature=1.0,
                      calibrate_tools=True,
                      kinds="calculation,calculation,fact,fact-then-sum,two-hop,two-hop", group_size=6,

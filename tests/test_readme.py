@@ -72,7 +72,7 @@ def shorten(argv: list[str], tiny: str, cwd) -> list[str] | str:
         return "needs GPUs and a model from the hub (tests/test_gpu_paths.py runs the same launch on the CPU)"
     if script == "bench.py":
         return "tests/test_bench.py runs it on the tiny model"
-    if script == "demo.py" and "--baselines" not in has:
+    if argv == ["demo.py"]:
         return "tests/test_demo.py runs it on the tiny model"
     if "--checkpoint" in has and "gpu-24gb" in " ".join(argv):
         return "evaluates the GPU run above"
@@ -91,7 +91,7 @@ def shorten(argv: list[str], tiny: str, cwd) -> list[str] | str:
         argv = last_checkpoint(argv, cwd) if "--checkpoint" in has else argv + ["--model", tiny]
         return argv + SMALL
     if script == "demo.py":
-        return argv + ["--model", tiny, "--n", "3"]
+        return argv + ["--model", tiny, "--n", "3", "--steps", "1"]
     if argv[:2] in (["-m", "environment.sandbox"], ["-m", "environment.search"], ["-m", "environment.facts"],
                     ["-m", "environment.tasks"]):
         return argv  # no model: runs as written
