@@ -20,6 +20,8 @@ finds = tb.run([("Fact_Lookup", e["sub_goals"][0]) for e in ex])  # "birth year 
 variants = {  # name: (sub-goal, context) from the example and the finding
     "the sum, hand-written ('23 + 1852')": (lambda e, f: e["sub_goals"][1], lambda e, f: ""),
     "the finding copied": (lambda e, f: f, lambda e, f: ""),
+    "'Found ' and the finding (the trained planner's turn-2 form)": (lambda e, f: "Found " + f, lambda e, f: ""),
+    "the same cut at 16 tokens (--planner-tokens 16)": (lambda e, f: tok.decode(tok("Found " + f)["input_ids"][:16]), lambda e, f: ""),
     "the bare value ('1852')": (lambda e, f: f.split(": ")[-1], lambda e, f: ""),
     "the question": (lambda e, f: e["query"], lambda e, f: ""),
     "the question, the finding as context": (lambda e, f: e["query"], lambda e, f: f),
@@ -29,7 +31,7 @@ for name, (sub_goal, context) in variants.items():
     subs = [sub_goal(e, f) for e, f in zip(ex, finds)]
     chats = [modules.executor_prompt(e["query"], "Python_Coder", s, context(e, f)) for e, s, f in zip(ex, subs, finds)]
     gens = eng.generate(chats, max_new_tokens=24, temperature=0.0, prefix=prefix, stop=stop)
-    cmds = [f"print({s.strip()})" if modules.is_arithmetic(s) else modules.parse_command(prefix + g.text, "Python_Coder")
+    cmds = [f"print({modules.arithmetic_in(s)})" if modules.arithmetic_in(s) else modules.parse_command(prefix + g.text, "Python_Coder")
             for s, g in zip(subs, gens)]
     results = tb.run([("Python_Coder", c) for c in cmds])
     print(f"{name}: {sum(score(r.strip(), e) == 1 for r, e in zip(results, ex))} of {len(ex)} right")
