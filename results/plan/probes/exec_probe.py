@@ -5,11 +5,12 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
-import modules
 import environment.tasks as T
 from bookkeeping.models import load_model
+from config import PRESETS, Config
 from engine import HFEngine
 from environment.scoring import score
+from rollout import Trajectory, Turn, execute
 from tools import Toolbox
 
 m, tok = load_model()
@@ -26,12 +27,11 @@ variants = {  # name: (sub-goal, context) from the example and the finding
     "the question": (lambda e, f: e["query"], lambda e, f: ""),
     "the question, the finding as context": (lambda e, f: e["query"], lambda e, f: f),
 }
-prefix, stop = modules.executor_prefix("Python_Coder"), modules.executor_stop("Python_Coder")
+cfg = Config(**PRESETS["cpu-plan"])  # its executor_tokens, as in training
 for name, (sub_goal, context) in variants.items():
-    subs = [sub_goal(e, f) for e, f in zip(ex, finds)]
-    chats = [modules.executor_prompt(e["query"], "Python_Coder", s, context(e, f)) for e, s, f in zip(ex, subs, finds)]
-    gens = eng.generate(chats, max_new_tokens=24, temperature=0.0, prefix=prefix, stop=stop)
-    cmds = [f"print({modules.arithmetic_in(s)})" if modules.arithmetic_in(s) else modules.parse_command(prefix + g.text, "Python_Coder")
-            for s, g in zip(subs, gens)]
-    results = tb.run([("Python_Coder", c) for c in cmds])
+    # The rollout's own step 3 (rollout.execute) turns each turn-2 action into Python_Coder's command.
+    trajs = [Trajectory(e["query"], turns=[Turn([], [], [], "", "Python_Coder", sub_goal(e, f), context(e, f), True, False)])
+             for e, f in zip(ex, finds)]
+    execute(trajs, eng, cfg)
+    results = tb.run([("Python_Coder", tr.turns[-1].command) for tr in trajs])
     print(f"{name}: {sum(score(r.strip(), e) == 1 for r, e in zip(results, ex))} of {len(ex)} right")
