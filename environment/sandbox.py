@@ -15,14 +15,17 @@ What the sandbox does:
   "OSError: [Errno 27] File too large"), RLIMIT_CORE = 0, and RLIMIT_NPROC = the processes the
   user already has + max_processes (the kernel does not enforce RLIMIT_NPROC for root).
 - A wall-clock timeout that SIGKILLs the whole process group. The output pipes are read with
-  select() against the deadline, so a grandchild that keeps a pipe open cannot stall the call.
+  select() against the deadline, so a grandchild that keeps a pipe open cannot stall the call
+  (environment/sandbox_output.py).
 - stdout then stderr captured with bounded memory: each stream keeps only its first and last
   max_output_chars characters and counts the rest, so 10^9 printed characters cost the caller
-  a few kilobytes; the result is cut in the middle with a note of how much was cut.
+  a few kilobytes; the result is cut in the middle with a note of how much was cut
+  (environment/sandbox_output.py, with the one-line error).
 - No process of the snippet survives the call. Every process carries a unique marker in its
   environment (AGENTFLOW_SANDBOX_RUN=<uuid>, inherited through fork and exec); after the call we
   kill the process group, then scan /proc/*/environ for the marker and SIGKILL every match until
-  none is left, which also catches a child that called setsid() and double-forked. A process
+  none is left, which also catches a child that called setsid() and double-forked
+  (environment/reaping.py). A process
   that exec()s with an empty environment escapes the scan, but not the PID namespace, which the
   kernel empties when it ends (without isolation, it survives). The snippet and its supervisor
   also die with their parent (prctl PR_SET_PDEATHSIG), so a crash of the agent does not leave
@@ -63,13 +66,10 @@ Bench: python -m environment.sandbox --bench   (per-call latency with isolation 
 """
 
 import argparse
-import codecs
 import json
 import math
 import os
 import pwd
-import re
-import selectors
 import shutil
 import signal
 import statistics
@@ -85,8 +85,9 @@ if not __package__:  # run by path (python environment/sandbox.py): the reposito
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from environment import isolation
+from environment.reaping import MARKER_NAME, kill_everything, live_sandbox_processes  # noqa: F401 (live_sandbox_processes: the API)
+from environment.sandbox_output import Capture, combine, error_line, read_until
 
-MARKER_NAME = "AGENTFLOW_SANDBOX_RUN"  # environment variable that tags every process of a snippet
 NOBODY_UID = 65534  # the conventional unprivileged user and group (nobody / nogroup)
 CLEANUP_SECONDS = 1.5  # time allowed after the deadline for killing, draining and reaping
 
@@ -193,170 +194,6 @@ def sandbox_user() -> tuple[int, int] | None:
     return (uid, gid) if probe.returncode == 0 else None
 
 
-def _pids_with_environ_entry(prefix: bytes) -> list[int]:
-    """Pids of live processes whose environment has an entry starting with `prefix`."""
-    pids = []
-    for name in os.listdir("/proc"):
-        if not name.isdigit() or int(name) == os.getpid():
-            continue
-        try:
-            with open(f"/proc/{name}/environ", "rb") as f:
-                entries = f.read().split(b"\0")
-        except OSError:  # exited meanwhile, or belongs to another user
-            continue
-        # A zombie has no memory any more, so its environ reads empty and it is not counted.
-        if any(entry.startswith(prefix) for entry in entries):
-            pids.append(int(name))
-    return pids
-
-
-def live_sandbox_processes() -> list[int]:
-    """Pids still carrying any sandbox marker (from any run_python call, in any process)."""
-    return _pids_with_environ_entry(MARKER_NAME.encode() + b"=")
-
-
-def _group_running(pgid: int) -> bool:
-    """Whether a process of group `pgid` is still running (zombies do not count)."""
-    for name in os.listdir("/proc"):
-        try:
-            with open(f"/proc/{name}/stat", "rb") as f:
-                state, _ppid, group = f.read().rsplit(b")", 1)[1].split()[:3]
-        except (OSError, ValueError):  # not a process, or exited meanwhile
-            continue
-        if state != b"Z" and int(group) == pgid:
-            return True
-    return False
-
-
-def _kill_everything(pgid: int | None, marker: str, deadline: float) -> None:
-    """SIGKILL the process group and every process carrying `marker`, until none is running."""
-    # A process may fork while we kill its parent, so kill again until a scan finds nothing. The
-    # group is watched too: in namespaces, a process that wiped its environment dies with the
-    # namespace, which the kernel empties while bwrap's init (in our group) exits.
-    # (A pid could in theory be reused between the scan and the kill; the window is microseconds.)
-    while True:
-        try:
-            if pgid is not None:
-                os.killpg(pgid, signal.SIGKILL)
-        except OSError:  # the group is already empty
-            pass
-        pids = _pids_with_environ_entry(marker.encode())
-        if not pids and (pgid is None or not _group_running(pgid)) or time.monotonic() > deadline:
-            return
-        for pid in pids:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except OSError:
-                pass
-        time.sleep(0.005)
-
-
-class _Capture:
-    """One output stream, decoded incrementally, keeping only its first and last `limit` chars."""
-
-    def __init__(self, limit: int):
-        self.limit = limit
-        self.decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
-        self.head = ""  # the first `limit` characters
-        self.tail = ""  # the last `limit` characters after the head
-        self.total = 0  # characters seen, kept or not
-
-    def feed(self, data: bytes, final: bool = False) -> None:
-        text = self.decoder.decode(data, final)
-        self.total += len(text)
-        if len(self.head) < self.limit:
-            room = self.limit - len(self.head)
-            self.head, text = self.head + text[:room], text[room:]
-        if text:
-            self.tail = (self.tail + text)[-self.limit:]
-
-    def first(self, n: int) -> str:  # exact for n <= limit
-        return self.head[:n]  # if the head is not full, the tail is empty
-
-    def last(self, n: int) -> str:  # exact for n <= limit
-        if n <= 0:
-            return ""
-        return self.tail[-n:] if len(self.tail) >= n else (self.head + self.tail)[-n:]
-
-
-def _combine(stdout: _Capture, stderr: _Capture, max_chars: int) -> str:
-    """stdout then stderr (on a new line), cut in the middle to max_chars plus a note."""
-    sep = "\n" if stdout.total and stderr.total and stdout.last(1) != "\n" else ""
-    total = stdout.total + len(sep) + stderr.total
-    if total <= max_chars:  # both streams were kept whole
-        return stdout.first(max_chars) + sep + stderr.first(max_chars)
-    n_head, n_tail = max_chars // 2, max_chars - max_chars // 2
-    # The head of the combined text is stdout's head, continued by stderr's if stdout is short.
-    head = stdout.first(n_head)
-    if len(head) < n_head:
-        head += sep + stderr.first(n_head - len(head) - len(sep))
-    tail = stderr.last(n_tail)
-    if len(tail) < n_tail:
-        tail = stdout.last(n_tail - len(tail) - len(sep)) + sep + tail
-    return f"{head}\n[... {total - len(head) - len(tail)} characters cut ...]\n{tail}"
-
-
-_TRACEBACK_LAST_LINE = re.compile(r"^[A-Za-z_][\w.]*(: .*)?$")  # "ZeroDivisionError: division..."
-
-
-def _error_line(returncode: int, timed_out: bool, timeout: float, stderr: _Capture,
-                memory_mb: int, file_size_mb: int) -> str:
-    """One clear line saying why the snippet failed."""
-    if timed_out:
-        return f"timed out after {timeout:g} s"
-    if returncode < 0:
-        sig = -returncode
-        name = signal.Signals(sig).name if sig in signal.valid_signals() else "unknown signal"
-        if sig == signal.SIGXCPU:
-            name += ": CPU time limit exceeded"
-        return f"killed by signal {sig} ({name})"
-    lines = [line for line in stderr.last(stderr.limit).splitlines() if line.strip()]
-    last = lines[-1].strip() if lines else ""
-    # An uncaught exception exits with status 1 and ends stderr with "Name: message"; a syntax
-    # error is reported without the "Traceback" header, so it is recognised by its name.
-    is_exception = "Traceback (most recent call last):" in stderr.head + stderr.tail or \
-        last.startswith(("SyntaxError", "IndentationError", "TabError"))
-    if returncode == 1 and is_exception and _TRACEBACK_LAST_LINE.match(last):
-        if last.startswith("MemoryError"):
-            last += f" (the sandbox allows {memory_mb} MB of memory)"
-        if "File too large" in last:
-            last += f" (the sandbox allows files of at most {file_size_mb} MB)"
-        return last[:500]
-    return f"exited with status {returncode}"
-
-
-def _read_until(streams: dict, deadline: float, proc: subprocess.Popen | None) -> bool:
-    """Read the pipes into their captures until `deadline`; return True if it was reached.
-
-    Without `proc`, stop early when both pipes are closed. With `proc`, stop early only when
-    that process has exited: its leftovers may hold the pipes open, and it may have closed them
-    itself and still be running.
-    """
-    with selectors.DefaultSelector() as selector:
-        for fd in streams:
-            selector.register(fd, selectors.EVENT_READ)
-        while True:
-            if proc is not None and os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOHANG
-                                              | os.WNOWAIT) is not None:
-                # WNOWAIT leaves the supervisor a zombie, so its pid (= our pgid) stays reserved
-                # until we have killed its group.
-                return False
-            if proc is None and not selector.get_map():
-                return False
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                return True
-            if not selector.get_map():  # both pipes closed, the process still runs
-                time.sleep(min(remaining, 0.01))
-                continue
-            for key, _ in selector.select(min(remaining, 0.05)):
-                data = os.read(key.fd, 1 << 16)
-                if data:
-                    streams[key.fd].feed(data)
-                else:  # end of file: every writer closed it
-                    selector.unregister(key.fd)
-
-
 def run_python(code: str, timeout: float = 10.0, max_output_chars: int = 3500,
                memory_mb: int = 1024, file_size_mb: int = 16,
                max_processes: int = 128, mode: str | None = None) -> ExecResult:
@@ -428,13 +265,13 @@ def run_python(code: str, timeout: float = 10.0, max_output_chars: int = 3500,
             os.close(status_write)
             status_write = None
         # 3. Read output until the supervisor exits or the deadline passes.
-        stdout, stderr = _Capture(max_output_chars), _Capture(max_output_chars)
+        stdout, stderr = Capture(max_output_chars), Capture(max_output_chars)
         streams = {proc.stdout.fileno(): stdout, proc.stderr.fileno(): stderr}
-        timed_out = _read_until(streams, deadline, proc)
+        timed_out = read_until(streams, deadline, proc)
         # 4. Kill whatever is left, then drain what is still in the pipes (writers are dead now).
         cleanup_deadline = max(time.monotonic(), deadline) + CLEANUP_SECONDS
-        _kill_everything(proc.pid, marker, cleanup_deadline - 0.5)
-        _read_until(streams, cleanup_deadline - 0.3, None)
+        kill_everything(proc.pid, marker, cleanup_deadline - 0.5)
+        read_until(streams, cleanup_deadline - 0.3, None)
         stdout.feed(b"", final=True)
         stderr.feed(b"", final=True)
         try:
@@ -443,10 +280,10 @@ def run_python(code: str, timeout: float = 10.0, max_output_chars: int = 3500,
             returncode = None
         if status_read is not None and returncode is not None:
             returncode = _supervisor_returncode(status_read, returncode)
-        output = _combine(stdout, stderr, max_output_chars)
+        output = combine(stdout, stderr, max_output_chars)
         if returncode == 0 and not timed_out:
             return ExecResult(True, output, "", 0, time.monotonic() - start)
-        error = _error_line(returncode if returncode is not None else -signal.SIGKILL,
+        error = error_line(returncode if returncode is not None else -signal.SIGKILL,
                             timed_out, timeout, stderr, memory_mb, file_size_mb)
         return ExecResult(False, output, error, returncode, time.monotonic() - start)
     except Exception as exc:  # the sandbox itself failed (no fork, disk full): report, never raise
@@ -457,7 +294,7 @@ def run_python(code: str, timeout: float = 10.0, max_output_chars: int = 3500,
         if proc is not None:
             # Only an unreaped supervisor still reserves its pgid, so only then kill the group.
             pgid = proc.pid if proc.returncode is None else None
-            _kill_everything(pgid, marker, time.monotonic() + 0.2)
+            kill_everything(pgid, marker, time.monotonic() + 0.2)
             for pipe in (proc.stdout, proc.stderr):
                 pipe.close()
             if proc.returncode is None:
