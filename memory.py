@@ -14,8 +14,8 @@ Simplifications vs. the official code:
   questions, so stale steps leak into later prompts. Here a Memory is created per rollout and renders
   itself within a character budget: long tool results are cut in the middle, oldest steps first, and
   the text says what was cut. A 135M model with a 2k context needs this.
-- The planner and the generator see each step as what its tool found (render's `findings`), the
-  verifier the whole step; officially every module reads the whole memory.
+- The planner sees each step as what its tool found (render's `findings`), the verifier and the
+  generator the whole step; officially every module reads the whole memory.
 
 Test: python -m pytest -q tests/test_memory.py
 """

@@ -138,10 +138,6 @@ def generator_prompt(query: str, memory: Memory, memory_chars: int = 1200) -> li
     the G trajectories of a question share a longer prompt prefix. No placeholder such as "<final
     answer>" in the format line: a small model copies it verbatim (results/route/history.md).
 
-    Each step is shown as what its tool found (Memory.render's findings, the planner's view too), not
-    its sub-goal and command: with the oracle planner the 135M generator then answers 16 of 20 two-hop
-    test questions instead of 13, and the prompt is about half as long (README, "The CPU demo").
-
     The last step's value is restated before the request: with two labelled facts in memory (a
     two-hop question's bridge and its answer) the 135M generator otherwise copies either one. A failed
     step (an "Error: ..." result) is passed over: after a right result and a failed call, the value to
@@ -151,7 +147,7 @@ def generator_prompt(query: str, memory: Memory, memory_chars: int = 1200) -> li
     last = found[-1].split(": ", 1)[-1].strip() if found else ""
     return chat(
         "You answer questions from the results of tools.",
-        f"Question: {query}\n\nSteps so far:\n{memory.render(memory_chars, findings=True)}\n\n"
+        f"Question: {query}\n\nSteps so far:\n{memory.render(memory_chars)}\n\n"
         + (f"The last step's result answers the question: {last}\n\n" if last else "")
         + "What is the answer to the question? Reply with the answer only.",
     )
