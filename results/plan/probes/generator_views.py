@@ -1,0 +1,43 @@
+"""Probe (issue 24): the demo's rows with the generator shown another view of the memory. VIEW is one of
+  steps           each step's sub-goal, command and result (modules.generator_prompt as it is)
+  findings        each step as what its tool found (Memory.render(findings=True), the planner's view)
+  results         each step's result alone
+  findings-bare   the findings, without the restated last value
+  findings-is     the findings, "The answer is the last step's result: ..." as the restatement
+then evaluate.py's flags of the row (the demo's: 100 test questions, seed 0, --preset cpu-plan).
+
+Run: python results/plan/probes/generator_views.py findings --oracle planner
+     python results/plan/probes/generator_views.py steps --fixed-tool Python_Coder,Fact_Lookup"""
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
+import evaluate  # noqa: E402
+import modules  # noqa: E402
+from tools import is_error  # noqa: E402
+
+VIEWS = ("steps", "findings", "results", "findings-bare", "findings-is")
+if len(sys.argv) < 2 or sys.argv[1] not in VIEWS:
+    sys.exit(__doc__)
+view, flags = sys.argv[1], sys.argv[2:]
+as_is = modules.generator_prompt
+
+
+def generator_prompt(query, memory, memory_chars=1200):
+    if view == "steps":
+        return as_is(query, memory, memory_chars)
+    found = [s.result for s in memory.steps if not is_error(s.result)]
+    last = found[-1].split(": ", 1)[-1].strip() if found else ""
+    steps = ("\n".join(f"Step {s.index}: {s.result.strip()}" for s in memory.steps) or "(no steps yet)"
+             if view == "results" else memory.render(memory_chars, findings=True))
+    restated = {"findings-bare": "", "findings-is": f"The answer is the last step's result: {last}\n\n"}.get(
+        view, f"The last step's result answers the question: {last}\n\n")
+    return modules.chat("You answer questions from the results of tools.",
+                        f"Question: {query}\n\nSteps so far:\n{steps}\n\n" + (restated if last else "")
+                        + "What is the answer to the question? Reply with the answer only.")
+
+
+modules.generator_prompt = generator_prompt  # rollout.py calls it through the module
+out = f"runs/generator-views/{view}-" + "-".join(f.strip("-").replace(",", "-") for f in flags)
+evaluate.main(["--data", "planning", "--n", "100", "--seed", "0", "--mode", "agent", "--preset", "cpu-plan",
+               "--batch-size", "50", "--out", out, *flags])
