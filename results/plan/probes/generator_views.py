@@ -4,6 +4,9 @@
   results         each step's result alone
   findings-bare   the findings, without the restated last value
   findings-is     the findings, "The answer is the last step's result: ..." as the restatement
+  no-command      each step's tool, sub-goal and result
+  no-sub-goal     each step's tool, command and result
+  tool-result     each step's tool and result
 then evaluate.py's flags of the row (the demo's: 100 test questions, seed 0, --preset cpu-plan).
 
 Run: python results/plan/probes/generator_views.py findings --oracle planner
@@ -14,9 +17,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
 import evaluate  # noqa: E402
 import modules  # noqa: E402
+from memory import cut_middle  # noqa: E402
 from tools import is_error  # noqa: E402
 
-VIEWS = ("steps", "findings", "results", "findings-bare", "findings-is")
+VIEWS = ("steps", "findings", "results", "findings-bare", "findings-is", "no-command", "no-sub-goal", "tool-result")
 if len(sys.argv) < 2 or sys.argv[1] not in VIEWS:
     sys.exit(__doc__)
 view, flags = sys.argv[1], sys.argv[2:]
@@ -28,8 +32,13 @@ def generator_prompt(query, memory, memory_chars=1200):
         return as_is(query, memory, memory_chars)
     found = [s.result for s in memory.steps if not is_error(s.result)]
     last = found[-1].split(": ", 1)[-1].strip() if found else ""
-    steps = ("\n".join(f"Step {s.index}: {s.result.strip()}" for s in memory.steps) or "(no steps yet)"
-             if view == "results" else memory.render(memory_chars, findings=True))
+    lines = {"results": lambda s: f"Step {s.index}: {s.result.strip()}",
+             "no-command": lambda s: f"Step {s.index}: {s.tool} | Sub-goal: {s.sub_goal}\nResult: {cut_middle(s.result, 200)}",
+             "no-sub-goal": lambda s: f"Step {s.index}: {s.tool} | Command: {cut_middle(s.command, 200)}\n"
+                                      f"Result: {cut_middle(s.result, 200)}",
+             "tool-result": lambda s: f"Step {s.index}: {s.tool}\nResult: {cut_middle(s.result, 200)}"}
+    steps = ("\n".join(map(lines[view], memory.steps)) or "(no steps yet)" if view in lines
+             else memory.render(memory_chars, findings=True))
     restated = {"findings-bare": "", "findings-is": f"The answer is the last step's result: {last}\n\n"}.get(
         view, f"The last step's result answers the question: {last}\n\n")
     return modules.chat("You answer questions from the results of tools.",
