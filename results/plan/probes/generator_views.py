@@ -11,39 +11,46 @@ then evaluate.py's flags of the row (the demo's: 100 test questions, seed 0, --p
 
 Run: python results/plan/probes/generator_views.py findings --oracle planner
      python results/plan/probes/generator_views.py steps --fixed-tool Python_Coder,Fact_Lookup"""
+import re
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
 import evaluate  # noqa: E402
 import modules  # noqa: E402
-from memory import cut_middle  # noqa: E402
-from tools import is_error  # noqa: E402
+from memory import Memory, cut_middle  # noqa: E402
 
 VIEWS = ("steps", "findings", "results", "findings-bare", "findings-is", "no-command", "no-sub-goal", "tool-result")
 if len(sys.argv) < 2 or sys.argv[1] not in VIEWS:
     sys.exit(__doc__)
 view, flags = sys.argv[1], sys.argv[2:]
 as_is = modules.generator_prompt
+LINES = {  # a view of one step, for the views that are not Memory.render's own
+    "results": lambda s: f"Step {s.index}: {s.result.strip()}",
+    "no-command": lambda s: f"Step {s.index}: {s.tool} | Sub-goal: {s.sub_goal}\nResult: {cut_middle(s.result, 200)}",
+    "no-sub-goal": lambda s: f"Step {s.index}: {s.tool} | Command: {cut_middle(s.command, 200)}\nResult: {cut_middle(s.result, 200)}",
+    "tool-result": lambda s: f"Step {s.index}: {s.tool}\nResult: {cut_middle(s.result, 200)}",
+}
+RESTATED = "The last step's result answers the question: "  # modules.generator_prompt's line
+
+
+class Viewed(Memory):
+    """The same steps, rendered in the probe's view: modules.generator_prompt itself writes the rest."""
+
+    def render(self, budget: int = 1200, result_floor: int = 80, findings: bool = False) -> str:
+        if view in LINES:
+            return "\n".join(map(LINES[view], self.steps)) or "(no steps yet)"
+        return super().render(budget, result_floor, findings=findings or view != "steps")
 
 
 def generator_prompt(query, memory, memory_chars=1200):
-    if view == "steps":
-        return as_is(query, memory, memory_chars)
-    found = [s.result for s in memory.steps if not is_error(s.result)]
-    last = found[-1].split(": ", 1)[-1].strip() if found else ""
-    lines = {"results": lambda s: f"Step {s.index}: {s.result.strip()}",
-             "no-command": lambda s: f"Step {s.index}: {s.tool} | Sub-goal: {s.sub_goal}\nResult: {cut_middle(s.result, 200)}",
-             "no-sub-goal": lambda s: f"Step {s.index}: {s.tool} | Command: {cut_middle(s.command, 200)}\n"
-                                      f"Result: {cut_middle(s.result, 200)}",
-             "tool-result": lambda s: f"Step {s.index}: {s.tool}\nResult: {cut_middle(s.result, 200)}"}
-    steps = ("\n".join(map(lines[view], memory.steps)) or "(no steps yet)" if view in lines
-             else memory.render(memory_chars, findings=True))
-    restated = {"findings-bare": "", "findings-is": f"The answer is the last step's result: {last}\n\n"}.get(
-        view, f"The last step's result answers the question: {last}\n\n")
-    return modules.chat("You answer questions from the results of tools.",
-                        f"Question: {query}\n\nSteps so far:\n{steps}\n\n" + (restated if last else "")
-                        + "What is the answer to the question? Reply with the answer only.")
+    chat = as_is(query, Viewed(memory.steps), memory_chars)
+    user = chat[1]["content"]
+    if view == "findings-bare":  # the restated line left out
+        user = re.sub(re.escape(RESTATED) + r".*?\n\n(?=What is the answer)", "", user, flags=re.S)
+    elif view == "findings-is":
+        user = user.replace(RESTATED, "The answer is the last step's result: ")
+    return [chat[0], {**chat[1], "content": user}]
 
 
 modules.generator_prompt = generator_prompt  # rollout.py calls it through the module
