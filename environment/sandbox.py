@@ -7,7 +7,10 @@ Here `run_python(code)` runs the snippet in a separate interpreter and always co
 
 What the sandbox does:
 - A fresh interpreter (`sys.executable -E -s snippet.py`) in a fresh temporary folder, which is
-  its working directory, HOME and TMPDIR, and which is removed afterwards.
+  its working directory, HOME and TMPDIR, and which is removed afterwards. The folder's random name
+  is written "." in the result (a traceback's `File "./snippet.py"`): the result goes into the
+  agent's memory and prompts, and a name that changes from call to call made two rollouts from the
+  same seed differ.
 - An environment stripped of every variable of the caller (only PATH, LANG, HOME, a few thread
   caps and our marker), so API keys in the agent's environment do not leak into os.environ.
 - Resource limits set in the child: RLIMIT_CPU a little above the timeout, RLIMIT_AS = memory_mb
@@ -280,11 +283,11 @@ def run_python(code: str, timeout: float = 10.0, max_output_chars: int = 3500,
             returncode = None
         if status_read is not None and returncode is not None:
             returncode = _supervisor_returncode(status_read, returncode)
-        output = combine(stdout, stderr, max_output_chars)
+        output = combine(stdout, stderr, max_output_chars).replace(workdir, ".")
         if returncode == 0 and not timed_out:
             return ExecResult(True, output, "", 0, time.monotonic() - start)
         error = error_line(returncode if returncode is not None else -signal.SIGKILL,
-                            timed_out, timeout, stderr, memory_mb, file_size_mb)
+                            timed_out, timeout, stderr, memory_mb, file_size_mb).replace(workdir, ".")
         return ExecResult(False, output, error, returncode, time.monotonic() - start)
     except Exception as exc:  # the sandbox itself failed (no fork, disk full): report, never raise
         return ExecResult(False, "", f"sandbox could not run the code: {type(exc).__name__}: {exc}",

@@ -152,6 +152,17 @@ def test_a_billion_printed_characters_are_truncated_with_bounded_parent_memory()
     assert result.output.endswith("...]\n" + "x" * (MAX_CHARS // 2))
 
 
+def test_the_result_is_the_same_from_call_to_call_with_no_random_folder_name_in_it():
+    """A traceback names the snippet's file, and its folder is a fresh temporary one: written as "."
+    the result is the same in every call, so the memory and the next prompt are too (a random name
+    there made two rollouts from one seed part)."""
+    code = "import os\nprint(os.getcwd())\nundefined_name\n"
+    first, second = sandbox.run_python(code), sandbox.run_python(code)
+    assert first.as_text() == second.as_text()
+    assert 'File "./snippet.py", line 3' in first.output and "agentflow_sandbox_" not in first.as_text()
+    assert first.output.startswith(".\n") and first.error.startswith("NameError")
+
+
 def test_output_is_stdout_then_stderr_cut_in_the_middle_with_exact_count():
     code = "import sys\nsys.stdout.write('a' * 10000)\nsys.stderr.write('b' * 10000)"
     result = run_checked(code, max_output_chars=100)
