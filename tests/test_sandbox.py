@@ -197,10 +197,10 @@ def test_caller_environment_does_not_leak(monkeypatch):
 
 def test_temporary_directory_is_removed_even_if_the_snippet_locks_it():
     code = ("import os\nos.makedirs('deep/er')\nopen('deep/er/f.txt', 'w').write('x')\n"
-            "os.chmod('deep/er', 0)\nos.chmod('deep', 0)\nprint(os.getcwd())")
+            "os.chmod('deep/er', 0)\nos.chmod('deep', 0)\nprint(os.getcwd()[::-1])")  # reversed: the result writes the folder '.'
     result = run_checked(code)
     assert result.ok, result.error
-    workdir = result.output.strip()
+    workdir = result.output.strip()[::-1]
     assert os.path.basename(workdir).startswith("agentflow_sandbox_")
     assert not os.path.exists(workdir)
 
