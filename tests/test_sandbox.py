@@ -157,7 +157,7 @@ def test_the_result_is_the_same_from_call_to_call_with_no_random_folder_name_in_
     the result is the same in every call, so the memory and the next prompt are too (a random name
     there made two rollouts from one seed part)."""
     code = "import os\nprint(os.getcwd())\nundefined_name\n"
-    first, second = sandbox.run_python(code), sandbox.run_python(code)
+    first, second = run_checked(code), run_checked(code)
     assert first.as_text() == second.as_text()
     assert 'File "./snippet.py", line 3' in first.output and "agentflow_sandbox_" not in first.as_text()
     assert first.output.startswith(".\n") and first.error.startswith("NameError")
