@@ -283,8 +283,6 @@ def parse_args(argv=None) -> tuple[EvalConfig, argparse.Namespace]:
             parser.error(f"--{name.replace('_', '-')} must be >= {low}, got {getattr(cfg, name)}")
     if cfg.calibrate_tools and not cfg.tool_temperature > 0:
         parser.error("--calibrate-tools calibrates the tool choice of --tool-temperature: give --tool-temperature > 0")
-    if cfg.calibrate_tools and cfg.frozen_engine:
-        parser.error("--calibrate-tools reads the frozen model's logits, which --frozen-engine's server does not return: drop one")
     if cfg.mode not in ("agent", "direct"):
         parser.error(f"--mode must be agent or direct, got {cfg.mode!r}")
     if cfg.device not in ("auto", "cpu", "cuda") and not cfg.device.startswith("cuda:"):

@@ -59,8 +59,9 @@ class RolloutConfig:
     planner_tokens: int = arg(48, "max new tokens |a_t| of a planner action")
     tool_temperature: float = arg(0.0, "> 0: the action's first token (after 'Tool Name:') is drawn only from the listed tools' "
                                   "first tokens, at this temperature, and trained as such; 0 = free text, as officially")
-    calibrate_tools: bool = arg(False, "with --tool-temperature: offset each tool's logit by the frozen model's preference "
-                                "on a question that says nothing, so the choice follows the question, not the list's order")
+    calibrate_tools: bool = arg(False, "with --tool-temperature: offset each tool's logit by the planner's own preference "
+                                "on a question that says nothing, taken anew at every rollout, so the choice follows "
+                                "the question, not the list's order or a drift shared by every question")
     executor_tokens: int = arg(64, "max new tokens of an executor command")
     verifier_tokens: int = arg(12, "max new tokens of a verifier verdict")
     generator_tokens: int = arg(32, "max new tokens of the final answer")
@@ -217,7 +218,8 @@ def rollout(queries, planner, frozen, toolbox: Toolbox, cfg: RolloutConfig, exam
 
     # --tool-temperature: the tool drawn among the tools' first tokens (a rule planner, baselines.py, has none).
     choices = tool_choice_tokens(planner.tokenizer, tools) if cfg.tool_temperature > 0 and hasattr(planner, "tokenizer") else ()
-    offsets = tool_offsets(frozen, tools, choices, cfg) if choices and cfg.calibrate_tools else {}
+    # --calibrate-tools: offsets from the planner as it is now (bookkeeping/tool_choice.tool_offsets).
+    offsets = tool_offsets(planner, tools, choices, cfg) if choices and cfg.calibrate_tools else {}
     live = list(trajs)
     for t in range(1, cfg.max_turns + 1):
         # 2. Planner: batched calls for every live trajectory; each action is a Turn (a training row).

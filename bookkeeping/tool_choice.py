@@ -13,7 +13,7 @@ The summary line per tool is its routing margin: P(tool | its own kind) - P(tool
 averaged over the orders. 0 is a planner blind to the question; the oracle router's is 1.
 
 `tool_offsets` is the remedy rollout.py applies under --calibrate-tools: each tool's logit moved by
-the frozen model's own preference for it on a question that says nothing.
+the planner's own preference for it on a question that says nothing, taken anew at every rollout.
 
 What it showed (README, the CPU demo): the embedded 135M planner, untrained, is blind (margins -0.06 to
 +0.02 in four prompt layouts tried); after 12 Flow-GRPO steps it still was (a position rule: the
@@ -79,16 +79,20 @@ def choice_logits(engine, chat, prefix: str, choices) -> list[float]:
     return engine.model(input_ids=ids).logits[0, -1, list(choices)].float().tolist()
 
 
-def tool_offsets(frozen, tools, choices, cfg) -> dict[int, dict[int, float]]:
+def tool_offsets(planner, tools, choices, cfg) -> dict[int, dict[int, float]]:
     """--calibrate-tools ("calibrate before use", Zhao et al. 2021): per turn (1; 2 and later),
     {token id: offset}, what rollout.plan_chosen adds to each offered tool's logit (the logits do not
-    depend on which tools a turn offers), so that on a question that says nothing the
-    frozen model prefers no tool. The 135M planner's first token follows the list's order (the first
-    tool listed leads by about 5 nats on every question: README, "The multi-step planner"), which hides
-    the question's own pull. The frozen model holds the initial weights, so the offsets stay the same
-    through training and in evaluate.py's rollouts.
+    depend on which tools a turn offers), so that on a question that says nothing the planner prefers
+    no tool. The 135M planner's first token follows the list's order (the first tool listed leads by
+    about 5 nats on every question: README, "The multi-step planner"), which hides the question's own
+    pull. The offsets are the planner's own, taken anew at every rollout (rollout.rollout): untrained,
+    the planner's weights are the frozen model's; in training, an update that moves a tool up for every
+    question alike (the tool choice drifting to one tool for every kind at once) moves it up on "N/A"
+    too, and the next rollout takes that out again, so what training keeps is what differs between
+    questions. Each Turn records the offsets it was drawn with, and the update adds the same ones.
+    A checkpoint evaluated computes them from itself, as its last training rollout did.
 
-        offset(tool) = -logit_frozen(tool | "Question: N/A", memory: none, or one step of N/A)
+        offset(tool) = -logit_planner(tool | "Question: N/A", memory: none, or one step of N/A)
         offset(Done) = the mean offset of the tools that run
 
     The stop keeps the model's own odds against the average tool: calibrated like a tool, it led every
@@ -97,7 +101,7 @@ def tool_offsets(frozen, tools, choices, cfg) -> dict[int, dict[int, float]]:
     step.add("N/A", "N/A", "N/A", "N/A")
     out = {}
     for t, memory in ((1, empty), (2, step)):
-        z = choice_logits(frozen, modules.planner_prompt("N/A", "", tools, memory, cfg.memory_chars),
+        z = choice_logits(planner, modules.planner_prompt("N/A", "", tools, memory, cfg.memory_chars),
                           modules.PLANNER_PREFIX, choices)
         run = [-zi for zi, name in zip(z, tools) if not is_stop(name)]
         out[t] = {c: sum(run) / len(run) if is_stop(name) else -zi for c, zi, name in zip(choices, z, tools)}

@@ -65,8 +65,6 @@ def validate(cfg: Config, world: int = 1):
         (cfg.tool_temperature >= 0, f"--tool-temperature {cfg.tool_temperature}: must be >= 0 (0 = the tool as free text)"),
         (not cfg.calibrate_tools or cfg.tool_temperature > 0,
          "--calibrate-tools calibrates the tool choice of --tool-temperature: give --tool-temperature > 0"),
-        (not cfg.calibrate_tools or not cfg.frozen_engine, "--calibrate-tools reads the frozen model's logits, which "
-         "--frozen-engine's server does not return: drop one of the two"),
         (cfg.questions_per_step % max(len(cfg.kind_names()), 1) == 0,
          f"--questions-per-step {cfg.questions_per_step} must be a multiple of the {len(cfg.kind_names())} --kinds"),
         (not cfg.filter_groups or world == 1, "--filter-groups leaves each process a different number of rows, which "

@@ -251,7 +251,7 @@ def test_done_is_not_offered_on_turn_1_and_a_planner_that_picks_it_at_turn_2_end
 
 
 def test_calibrated_tools_prefer_no_tool_on_a_question_that_says_nothing_and_every_turn_records_its_offsets(tokenizer):
-    """--calibrate-tools: the offsets are the frozen model's content-free logits negated, so that on
+    """--calibrate-tools: the offsets are the planner's content-free logits negated (here the planner is the frozen model), so that on
     "Question: N/A" every tool that runs has the same calibrated logit (turn 1 offers no Done; from
     turn 2 Done gets the tools' mean offset); the planner draws with them and each Turn records the
     offsets of its own turn, which the update adds again (tests/test_update.py)."""
@@ -285,6 +285,28 @@ def test_calibrated_tools_prefer_no_tool_on_a_question_that_says_nothing_and_eve
     plain = rollout(["Who founded Zhervym Motors?"], frozen, frozen, Toolbox(tools, llm=frozen),
                     RolloutConfig(**{**cfg.__dict__, "calibrate_tools": False}))
     assert all(isinstance(turn.first_choices, tuple) for turn in plain[0].turns)
+
+
+def test_calibration_offsets_are_the_planners_own_not_the_frozen_models(tokenizer):
+    """--calibrate-tools reads the planner as it is at this rollout (a trained planner, a checkpoint
+    evaluated), not the frozen copy of its initial weights: what training shifts for every question alike
+    on "N/A" is taken out of the next draw."""
+    from conftest import make_tiny_model
+    from engine import HFEngine
+    from bookkeeping.tool_choice import tool_choice_tokens, tool_offsets
+
+    tools = ("Fact_Lookup", "Python_Coder", "Done")
+    choices = tool_choice_tokens(tokenizer, tools)
+    frozen = HFEngine(make_tiny_model(len(tokenizer), seed=0), tokenizer)
+    planner = HFEngine(make_tiny_model(len(tokenizer), seed=1), tokenizer)
+    cfg = RolloutConfig(max_turns=2, temperature=0.7, tool_temperature=1.0, calibrate_tools=True, analysis_tokens=0,
+                        planner_tokens=3, executor_tokens=6, generator_tokens=4, verify=False, tools=",".join(tools))
+    own, other = tool_offsets(planner, tools, choices, cfg), tool_offsets(frozen, tools, choices, cfg)
+    assert own[1][choices[0]] != pytest.approx(other[1][choices[0]])
+    trajs = rollout(["Who founded Zhervym Motors?"] * 2, planner, frozen, Toolbox(tools, llm=frozen), cfg)
+    for tr in trajs:
+        for t, turn in enumerate(tr.turns, 1):
+            assert turn.first_choices == {c: own[t][c] for c in choices[:1 + t]}
 
 
 def test_a_python_coder_sub_goal_that_holds_arithmetic_runs_it_as_it_is_without_an_executor_call():
