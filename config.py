@@ -41,7 +41,7 @@ class Config(RolloutConfig):
     kl_kind: str = arg("low_var_kl", "KL estimator: low_var_kl (k3, official) or k1")
     agg: str = arg("token-mean", "loss aggregation: token-mean (official) or flow (the paper's 1/G 1/T_i 1/|a|)")
     credit: str = arg("broadcast", "which planner turns get the trajectory's advantage A_i: broadcast (every turn, "
-                      "Flow-GRPO) or last (only each trajectory's last turn: the ablation that shows why the broadcast matters)")
+                      "Flow-GRPO) or last (only each trajectory's last turn: the ablation that tests whether the broadcast matters)")
     scale_advantages: bool = arg(True, "divide by the group std (paper); off = Dr. GRPO")
     old_logprobs: str = arg("sample", "pi_old from the sampling pass ('sample') or a fresh forward ('recompute')")
     filter_groups: bool = arg(False, "leave groups whose G rewards are all equal out of the update (one process only)")
