@@ -110,14 +110,25 @@ def planner_prompt(query: str, analysis: str, tools, memory: Memory, memory_char
 
 
 def executor_prompt(query: str, tool: str, sub_goal: str, context: str) -> list[dict]:
-    """Executor: the command for the chosen tool, from the question, the sub-goal and the tool card."""
+    """Executor: the command for the chosen tool, from the question, the context (what earlier steps
+    found: rollout.execute), the sub-goal and the tool card.
+
+    The context sits between the question and the sub-goal: so placed, the 135M executor given a
+    fact-then-sum question, the year an earlier step found ("Known: founding year of X: 1852") and the
+    question copied as the sub-goal prints the sum for 20 of 40 training questions; with the context
+    after the sub-goal, 8 (results/plan/history.md)."""
     code = TOOLS[tool].kind == "code"
     return chat(
         "You write Python code." if code else "You write the input of a tool.",
-        f"Question: {query}\nSub-Goal: {sub_goal}\n" + (f"Context: {context}\n" if context else "")
+        f"Question: {query}\n" + (f"Known: {context}\n" if context else "") + f"Sub-Goal: {sub_goal}\n"
         + f"{render_for_executor(tool)}\n"
         + ("Write one line of Python that prints the answer." if code else "Write the input."),
     )
+
+
+def findings(memory: Memory) -> list[str]:
+    """What the steps so far found: their results, failed steps ("Error: ...") passed over."""
+    return [s.result.strip() for s in memory.steps if not is_error(s.result)]
 
 
 def verifier_prompt(query: str, analysis: str, memory: Memory, memory_chars: int = 1200) -> list[dict]:
@@ -143,7 +154,7 @@ def generator_prompt(query: str, memory: Memory, memory_chars: int = 1200) -> li
     step (an "Error: ..." result) is passed over: after a right result and a failed call, the value to
     restate is the right result's, not the error message, which the generator would copy.
     """
-    found = [s.result for s in memory.steps if not is_error(s.result)]
+    found = findings(memory)
     last = found[-1].split(": ", 1)[-1].strip() if found else ""
     return chat(
         "You answer questions from the results of tools.",

@@ -5,7 +5,7 @@ For one query q (the paper's Sec. 3, "in-the-flow" rollout):
     analysis = planner(q, tools)                                    once per trajectory, not trained
     for t = 1 .. max_turns:
         a_t      = planner(q, analysis, tools, M_t)                 the trained call: Turn recorded
-        command  = executor(q, a_t.sub_goal, a_t.tool, a_t.context)
+        command  = executor(q, a_t.sub_goal, a_t.tool, a_t.context or what M_t found)
         result   = tool(command)
         M_{t+1}  = M_t + {t, tool, sub-goal, command, result}
         verdict  = verifier(q, analysis, M_{t+1})                   STOP ends the loop
@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 
 import modules
 from bookkeeping.tool_choice import tool_choice_tokens, tool_offsets
-from memory import Memory
+from memory import Memory, cut_middle
 from tools import OFFLINE_TOOLS, TOOLS, Toolbox, check_tool_names, is_stop
 
 
@@ -181,11 +181,17 @@ def plan_chosen(planner, chats, queries, t: int, choices, tools, cfg, offsets=No
     return turns
 
 
+def known(memory: Memory) -> str:
+    """What the steps so far found, on one line: the executor's context when the planner wrote none."""
+    return "; ".join(cut_middle(f, 200) for f in modules.findings(memory))
+
+
 def execute(need, frozen, cfg) -> None:
     """Step 3 of a turn: set each valid action's command. A "sub-goal" tool (Fact_Lookup) takes the
     planner's sub-goal, then the question, which an executor would also have seen; a code tool runs the
     one arithmetic expression a sub-goal holds ("57 + 1856" in "Finds 57 + 1856") as it is; the others
-    ask the frozen executor, one batched call per tool (each has its own forced prefix)."""
+    ask the frozen executor, one batched call per tool (each has its own forced prefix), with what the
+    earlier steps found as the context."""
     for tr in need:
         turn = tr.turns[-1]
         if TOOLS[turn.tool].kind == "sub-goal":
@@ -196,7 +202,10 @@ def execute(need, frozen, cfg) -> None:
     need = [tr for tr in need if TOOLS[tr.turns[-1].tool].kind != "sub-goal" and not tr.turns[-1].command]
     for tool in sorted({tr.turns[-1].tool for tr in need}):  # one batched call per tool (its own prefix)
         rows = [tr for tr in need if tr.turns[-1].tool == tool]
-        chats = [modules.executor_prompt(tr.query, tool, tr.turns[-1].sub_goal, tr.turns[-1].context) for tr in rows]
+        # The context: the planner's, else what the earlier steps found (the official planner writes the
+        # facts a step needs there; this one writes a tool and a sub-goal).
+        chats = [modules.executor_prompt(tr.query, tool, tr.turns[-1].sub_goal, tr.turns[-1].context or known(tr.memory))
+                 for tr in rows]
         prefix, stop = modules.executor_prefix(tool), modules.executor_stop(tool)
         for tr, g in zip(rows, frozen.generate(chats, max_new_tokens=cfg.executor_tokens, temperature=0.0, prefix=prefix, stop=stop)):
             # A completion with nothing after the forced prefix is no command at all.

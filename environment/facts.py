@@ -109,19 +109,25 @@ def lookup(command) -> str:
     the first part that names an entity decides, and a later part only names the attribute when that
     part names none ("Zhelleis Vraelein | In which city was the founder of X born?" asks Zhelleis
     Vraelein's birth city, not X's founder). A part that ends in a copied finding, "founder of X:
-    Zhelleis Vraelein", stands for the entity after its last ": ".
+    Zhelleis Vraelein", stands for the entity after its last ": " when the rest asks something of that
+    entity (a two-hop question's second step); else the rest decides (a one-step question looked up again).
 
     >>> lookup("Who founded Noullysk Foundry?")
     'founder of Noullysk Foundry: Brukras Veirtha'
     """
-    parts = command.split(" | ") if isinstance(command, str) else [""]
+    written = command.split(" | ") if isinstance(command, str) else [""]
     # A part that ends in a copied finding, "... maker of X: Larhy Motors", is about the value it found:
     # what one lookup found is what the next is asked about (a two-hop question's second hop).
-    parts = [_found(part) for part in parts]
+    parts = [_found(part) for part in written]
     for i, part in enumerate(parts):
         if _named(part):
             if i + 1 < len(parts) and not _attribute_named(part):  # the entity alone: the rest says what of it
-                return _lookup_one(part + " " + " ".join(_unnamed(p) for p in parts[i + 1:]))
+                rest = " ".join(_unnamed(p) for p in parts[i + 1:])
+                if part != written[i] and not _asks_of(part, rest):
+                    # The rest asks nothing of the found value ("inventor of X lamp: Y | Who invented the X
+                    # lamp?"): a one-step question looked up again, so the rest decides, not Y.
+                    return lookup(" | ".join(written[i + 1:]))
+                return _lookup_one(part + " " + rest)
             return _lookup_one(part)
     return _lookup_one(command)
 
@@ -171,8 +177,13 @@ def _common() -> frozenset:
 
 
 def _attribute_named(text: str) -> bool:
+    return _asks_of(text, text)
+
+
+def _asks_of(entity_text: str, text: str) -> bool:
+    """Does `text` name an attribute of an entity that `entity_text` names?"""
     t = text.lower()
-    return any(_has(k, t) for kind, _ in _named(text) for _, _, keys in ATTRIBUTES[kind] for k in keys)
+    return any(_has(k, t) for kind, _ in _named(entity_text) for _, _, keys in ATTRIBUTES[kind] for k in keys)
 
 
 def _lookup_one(command) -> str:

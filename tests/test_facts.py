@@ -44,6 +44,11 @@ def test_fact_lookup_reads_a_command_part_by_part_and_the_first_part_that_names_
     assert facts.lookup(f"founder of Noullysk Foundry: Brukras Veirtha | {two_hop}") == "birth city of Brukras Veirtha: Fulyrn"
     assert facts.lookup(f"Find the founder of Noullysk Foundry: Brukras Veirtha | {two_hop}") == facts.lookup(
         f"Brukras Veirtha | {two_hop}")
+    # ... only when the question asks something of that value: a one-step question looked up again
+    # with its finding copied ("founder of X: Y | Who founded X?") asks the question's fact, not all of Y's.
+    assert facts.lookup(f"founder of Noullysk Foundry: Brukras Veirtha | Who founded Noullysk Foundry?") == (
+        "founder of Noullysk Foundry: Brukras Veirtha")
+    assert facts.lookup("Found: Fulyrn | In which city was Brukras Veirtha born?") == "birth city of Brukras Veirtha: Fulyrn"
     # ... only when that value names an entity: a copied year leaves the part as it is.
     assert facts.lookup(f"founding year of Noullysk Foundry: 1856 | {question}") == "founding year of Noullysk Foundry: 1856"
     # The sub-goal names no entity: the next part decides.

@@ -347,3 +347,23 @@ def test_a_question_of_several_lines_is_the_whole_fallback_sub_goal():
         [tr] = rollout([q], baselines.FixedPlan("Fact_Lookup"), eng, Toolbox(cfg.tool_names(), llm=eng), cfg)
         assert [(t.sub_goal, t.command) for t in tr.turns] == [(q, q)] * 2
         assert tr.turns[0].result == "founder of Noullysk Foundry: Brukras Veirtha"
+
+
+def test_the_executor_reads_what_earlier_steps_found_between_the_question_and_the_sub_goal():
+    """A planner that writes no context (the cpu-plan action is a tool and a sub-goal) still hands the
+    executor what the earlier steps found: a fact-then-sum question's year reaches Python_Coder's
+    program. A failed step is passed over; a first step has nothing to pass."""
+    class Records(ScriptedEngine):
+        def generate(self, chats, **kw):
+            self.prompts = getattr(self, "prompts", []) + [c[1]["content"] for c in chats if "Python code" in c[0]["content"]]
+            return super().generate(chats, **kw)
+
+    q = "What is 57 plus the year in which Noullysk Foundry was founded?"
+    cfg = RolloutConfig(max_turns=2, verify=False, analysis_tokens=0, tools="Fact_Lookup,Python_Coder")
+    for plan, question, known in (("Fact_Lookup,Python_Coder", q, "Known: founding year of Noullysk Foundry: 1856\n"),
+                                  ("Python_Coder,Python_Coder", q, "Known: 178377\n"),  # the scripted program's output
+                                  ("Fact_Lookup,Python_Coder", "What is 4821 times 37?", "")):  # step 1 failed
+        eng = Records([])
+        rollout([question], baselines.FixedPlan(plan), eng, Toolbox(cfg.tool_names(), llm=eng), cfg)
+        assert eng.prompts[-1].startswith(f"Question: {question}\n{known}Sub-Goal: {question}\n")
+        assert "Known:" not in eng.prompts[0] or len(eng.prompts) == 1  # a turn 1 has nothing found yet
