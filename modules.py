@@ -34,6 +34,8 @@ Simplifications vs. the official prompts:
   Tool Name, after a Justification). A 135M model loses the format quickly, so the decision that
   matters comes first and survives a response cut at max_new_tokens.
 - No Justification field and no few-shot demonstrations (a 135M model copies them verbatim).
+- The executor's context is what the earlier steps found when the planner writes none (the cpu-plan
+  action is a tool and a sub-goal; officially the planner writes the facts a step needs there).
 - Every reply starts with a forced prefix ("Tool Name:", "```python\nprint(", "Command:", "Conclusion:",
   "Answer:"). The official system relies on a 7B model following the format; a 135M model does not
   without this help. The direct baseline gets the same "Answer:" prefix, so the comparison is fair.
