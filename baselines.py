@@ -29,7 +29,8 @@ class FixedPlan:
     The baseline that tells what training added beyond "follow one plan for every question": its
     action text is just the tool name, so modules.parse_action gives the executor the question itself
     as the sub-goal and no context of its own (rollout.execute then gives it what earlier steps found),
-    the same action a trained planner that learned only the tools would take. It reads which turn a prompt is for from the prompt's "Step k:" lines.
+    the same action a trained planner that learned only the tools would take. It reads which turn a
+    prompt is for from the prompt's "Step k:" lines.
     """
 
     tokens_generated = 0  # no model: nothing generated, nothing trained
