@@ -354,8 +354,12 @@ def test_the_executor_reads_what_earlier_steps_found_between_the_question_and_th
     executor what the earlier steps found: a fact-then-sum question's year reaches Python_Coder's
     program. A failed step is passed over; a first step has nothing to pass."""
     class Records(ScriptedEngine):
+        def __init__(self):
+            super().__init__([])
+            self.prompts = []  # every executor prompt for Python_Coder, in order
+
         def generate(self, chats, **kw):
-            self.prompts = getattr(self, "prompts", []) + [c[1]["content"] for c in chats if "Python code" in c[0]["content"]]
+            self.prompts += [c[1]["content"] for c in chats if "Python code" in c[0]["content"]]
             return super().generate(chats, **kw)
 
     q = "What is 57 plus the year in which Noullysk Foundry was founded?"
@@ -363,7 +367,7 @@ def test_the_executor_reads_what_earlier_steps_found_between_the_question_and_th
     for plan, question, known in (("Fact_Lookup,Python_Coder", q, "Known: founding year of Noullysk Foundry: 1856\n"),
                                   ("Python_Coder,Python_Coder", q, "Known: 178377\n"),  # the scripted program's output
                                   ("Fact_Lookup,Python_Coder", "What is 4821 times 37?", "")):  # step 1 failed
-        eng = Records([])
+        eng = Records()
         rollout([question], baselines.FixedPlan(plan), eng, Toolbox(cfg.tool_names(), llm=eng), cfg)
         assert eng.prompts[-1].startswith(f"Question: {question}\n{known}Sub-Goal: {question}\n")
-        assert "Known:" not in eng.prompts[0] or len(eng.prompts) == 1  # a turn 1 has nothing found yet
+        assert all("Known:" not in p for p in eng.prompts[:-1])  # a turn 1 has nothing found yet

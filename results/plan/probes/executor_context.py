@@ -29,8 +29,8 @@ FORMS = {  # (question, sub-goal, finding) -> the user message
     "question, sub-goal, card, 'Known:'": lambda q, s, f: f"Question: {q}\nSub-Goal: {s}\n{card}\nKnown: {f}\n{ask}",
 }
 prefix, stop = modules.executor_prefix("Python_Coder"), modules.executor_stop("Python_Coder")
+cut = [tok.decode(tok(" " + e["query"], add_special_tokens=False).input_ids[:15]).strip() for e in examples]
 for name, form in FORMS.items():
-    cut = [tok.decode(tok(" " + e["query"], add_special_tokens=False).input_ids[:15]).strip() for e in examples]
     chats = [modules.chat("You write Python code.", form(e["query"], s, f)) for e, s, f in zip(examples, cut, found)]
     commands = [modules.parse_command(prefix + g.text, "Python_Coder")
                 for g in engine.generate(chats, max_new_tokens=24, temperature=0.0, prefix=prefix, stop=stop)]
