@@ -17,8 +17,9 @@ The command is read loosely, because a frozen 135M executor writes it:
                difflib ratio >= 0.75): a 135M planner that copies a name from its memory often
                misspells it (README, "The multi-step planner")
     attribute  keywords of the entity's kind ("year", "founded", "born", "city", "country", ...),
-               each attribute scored by how many of its keywords the command holds; the first
-               attribute wins a tie; none named: every fact of the entity, on one line
+               each attribute scored by how many of its keywords the command holds; a tie goes to
+               the attribute named just before the entity ("the headquarters city of X"), then to
+               the first listed; none named: every fact of the entity, on one line
     nothing    no entity named: an "Error: ..." line that says what the input must name
 
 One hop only: "the city where the founder of Zhervym Motors was born" gives a fact of Zhervym Motors,
@@ -48,7 +49,8 @@ from environment import corpus
 # and "who founded": the founder, listed first, wins).
 ATTRIBUTES = {
     "people": [
-        ("birth_city", "birth city", [r"city", r"where", r"birth ?place", r"born in which", r"home ?town"]),
+        # "country": a person's facts hold no country, and the birth city is the way to it (a second hop)
+        ("birth_city", "birth city", [r"city", r"where", r"birth ?place", r"born in which", r"home ?town", r"country"]),
         ("birth_year", "birth year", [r"years?", r"when", r"born", r"birth", r"birth ?year"]),
         ("profession", "profession", [r"profession", r"job", r"occupation", r"work(?:ed)?", r"what was"]),
     ],
@@ -69,6 +71,11 @@ ATTRIBUTES = {
     ],
 }
 KINDS = tuple(ATTRIBUTES)
+# Characters before an entity's name searched for the attribute that a tie goes to: in "In what year
+# was the headquarters city of X founded?" the headquarters city (2 keywords, "headquarters city of")
+# ties with the founding year (2, "year", "founded"), and the relation written next to the name is the
+# first hop, as "the founder of X" is in "In which city was the founder of X born?".
+NEAR = 32
 
 
 def _words(name: str) -> list[str]:
@@ -195,12 +202,14 @@ def _lookup_one(command) -> str:
     if not named:
         return ("Error: Fact_Lookup found no person, city, company or invention of the encyclopedia in "
                 f"{str(command)[:80]!r}; name one, e.g. 'founder of <company>'")
-    best = None  # (score, -position, kind, entity, attribute, label)
+    best = None  # ((score, named just before the entity, -position, -rank), kind, entity, attribute, label)
     for pos, kind, entity in named:
+        before = text[max(0, pos - NEAR):pos]  # "... the headquarters city of " in front of the name
         for rank, (attribute, label, keys) in enumerate(ATTRIBUTES[kind]):
             score = sum(_has(k, text) for k in keys)
-            if score and (best is None or (score, -pos, -rank) > best[0]):
-                best = ((score, -pos, -rank), kind, entity, attribute, label)
+            near = any(_has(k, before) for k in keys)
+            if score and (best is None or (score, near, -pos, -rank) > best[0]):
+                best = ((score, near, -pos, -rank), kind, entity, attribute, label)
     if best is None:  # an entity but no attribute: every fact of the first one named
         _, kind, entity = named[0]
         facts = "; ".join(f"{label} {value(kind, entity, a)}" for a, label, _ in ATTRIBUTES[kind])
