@@ -29,7 +29,9 @@ the same questions for every row:
        (trajectories.txt: what each turn's sub-goal carried into the next tool call)
 
 Every step is one of the project's own commands, printed before it runs, so each row of the table can
-be reproduced alone. `--baselines skip` takes rows 1-5 from an earlier run in the same folder;
+be reproduced alone. They run as jobs on two processes side by side (--workers), each with half the
+threads, the longest first (each training run with its evaluation, then the baselines); each job's
+output goes to OUT/logs/. `--baselines skip` takes rows 1-5 from an earlier run in the same folder;
 `--ablation skip` leaves row 7 out.
 
 Run:   python demo.py                      (writes runs/demo/: results.md, results.json, learning_curve.png,
