@@ -242,8 +242,10 @@ def make_engines(cfg, accelerator, policy, frozen, tokenizer, remote):
     # With --frozen-engine the executor, verifier, generator and Base_Generator run on a server; the
     # local frozen copy then only serves as the KL reference pi_ref.
     frozen_engine = remote or Engine(frozen, tokenizer, max_batch=cfg.max_batch)
-    # The shared-prompt update makes two forward calls before one backward: one process only.
-    path = RowPath(speedups.micro_batches, speedups.forward) if fast and accelerator.num_processes == 1 else PLAIN
+    # The shared-prompt update makes two forward calls before one backward: one process only. Under
+    # --train-layers it runs the frozen layers below once a step (speedups/frozen_bottom.py).
+    path = (RowPath(speedups.micro_batches, speedups.update_forward(frozen, cfg.train_layers))
+            if fast and accelerator.num_processes == 1 else PLAIN)
     return planner, frozen_engine, path, fast, line + ("" if path is not PLAIN or not fast else "; plain update rows")
 
 

@@ -4,6 +4,7 @@
     sampler.py        sampling by inverse CDF inside `generate`, recording log-probs as it goes
     generate.py       FastEngine: engine.HFEngine's interface, built from the two above
     shared_prompt.py  micro_batches and forward: the update computes a prompt prefix shared by several rows once
+    frozen_bottom.py  FrozenBottom: that forward, running the layers below --train-layers once a step
 
 Each is tested equal to the plain code it replaces (tests/test_engine.py, tests/test_update.py). `choose`
 turns them on where they apply: one process (DDP and FSDP need one forward per backward; the
@@ -16,11 +17,12 @@ import transformers
 from engine import HFEngine
 from speedups.generate import FastEngine
 from speedups.prefill import plain_layers
+from speedups.frozen_bottom import FrozenBottom
 from speedups.shared_prompt import forward, micro_batches
 
 TESTED_TRANSFORMERS = ("5.24.0",)  # requirements.txt's pin; the tests above ran with it
 
-__all__ = ["FastEngine", "choose", "engine", "forward", "micro_batches"]
+__all__ = ["FastEngine", "FrozenBottom", "choose", "engine", "forward", "micro_batches", "update_forward"]
 
 
 def choose(requested, model, processes: int = 1) -> tuple[bool, str]:
@@ -41,3 +43,10 @@ def choose(requested, model, processes: int = 1) -> tuple[bool, str]:
 def engine(model, tokenizer, on: bool, max_batch: int = 16):
     """FastEngine where the speed-ups are on, else the plain engine.HFEngine."""
     return (FastEngine if on else HFEngine)(model, tokenizer, max_batch=max_batch)
+
+
+def update_forward(model, train_layers: int):
+    """The update's forward: FrozenBottom where --train-layers leaves layers below it frozen, else
+    shared_prompt.forward."""
+    layers = getattr(model.get_decoder(), "layers", ())
+    return FrozenBottom(len(layers) - train_layers) if 0 < train_layers < len(layers) else forward

@@ -63,8 +63,11 @@ def micro_batches(turns, size: int) -> list[list]:
     return shared + [rest[i:i + size] for i in range(0, len(rest), size)]
 
 
-def forward(model, batch):
-    """train.forward's contract: logits (B, R, V) predicting batch["targets"] of train.collate's batch."""
+def forward(model, batch, call=None):
+    """train.forward's contract: logits (B, R, V) predicting batch["targets"] of train.collate's batch.
+    `call(model, part, **kwargs)` runs the model on one part, "rows" (the plain forward), "prefix" or
+    "tails"; by default model(**kwargs) (speedups/frozen_bottom.py passes its own)."""
+    call = call or _call
     ids, attention, R = batch["input_ids"], batch["attention_mask"], batch["mask"].shape[1]
     B, L = ids.shape
     lengths = attention.sum(-1).tolist()  # (B,) real tokens of each row
@@ -77,16 +80,13 @@ def forward(model, batch):
     rows = [ids[b, L - lengths[b]:].tolist() for b in range(B)]
     P = min(prompts + [common_prefix(rows[0], r) for r in rows[1:]])  # shared by every row, and prompt only
     if B < 2 or P < MIN_SHARED or (model.training and _checkpointing(model)):
-        out = model(input_ids=ids, attention_mask=attention, position_ids=batch["position_ids"],
-                    logits_to_keep=R + 1, use_cache=False)
+        out = call(model, "rows", input_ids=ids, attention_mask=attention, position_ids=batch["position_ids"],
+                   logits_to_keep=R + 1, use_cache=False)
         return out.logits[:, :-1]
     # 1. The prefix once, (1, P); its cache expanded to the B rows, (B, heads, P, d): a view, no copy,
     #    so the gradients of the B rows add up in the prefix's computation.
-    first = model(input_ids=ids[:1, L - lengths[0]:L - lengths[0] + P], use_cache=True, logits_to_keep=1)
-    cache = getattr(first, CACHE)  # prefill.CACHE: the field is past_key_values in transformers 5.17
-    for layer in cache.layers:
-        layer.keys = layer.keys.expand(B, -1, -1, -1)
-        layer.values = layer.values.expand(B, -1, -1, -1)
+    first = call(model, "prefix", input_ids=ids[:1, L - lengths[0]:L - lengths[0] + P], use_cache=True, logits_to_keep=1)
+    cache = expand(getattr(first, CACHE), B)  # prefill.CACHE: the field is past_key_values in transformers 5.17
     # 2. Each row's own tokens after the prefix, right-padded: (B, T). Tail position j predicts tail
     #    token j + 1; the language-model head (a 49k vocabulary) runs from the position that predicts
     #    the first response token of any row (lo) on, and the prefix's last logit predicts tail token 0.
@@ -95,9 +95,9 @@ def forward(model, batch):
     for b in range(B):
         tail[b, :lengths[b] - P] = ids[b, L - lengths[b] + P:]
         tail_attention[b, :lengths[b] - P] = 1
-    rest = model(input_ids=tail, attention_mask=torch.cat([attention.new_ones((B, P)), tail_attention], 1),
-                 position_ids=(P + torch.arange(T, device=ids.device)).expand(B, T), **{CACHE: cache},
-                 use_cache=False, logits_to_keep=T - max(lo - 1, 0)).logits
+    rest = call(model, "tails", input_ids=tail, attention_mask=torch.cat([attention.new_ones((B, P)), tail_attention], 1),
+                position_ids=(P + torch.arange(T, device=ids.device)).expand(B, T), **{CACHE: cache},
+                use_cache=False, logits_to_keep=T - max(lo - 1, 0)).logits
     pred = torch.cat([first.logits[:, -1:].expand(B, -1, -1), rest], 1) if lo == 0 else rest  # pred[:, i] predicts tail token lo + i
     # 3. Back to the batch's layout: position r of row b's (R,) window holds its real token
     #    lengths[b] - R + r, tail token lengths[b] - R + r - P. A window position before the row's
@@ -105,6 +105,18 @@ def forward(model, batch):
     index = torch.tensor(lengths, device=ids.device)[:, None] - R - P - lo + torch.arange(R, device=ids.device)  # (B, R)
     index = index.clamp(0, pred.shape[1] - 1)
     return pred.gather(1, index[..., None].expand(-1, -1, pred.shape[-1]))  # (B, R, V)
+
+
+def _call(model, part, **kwargs):
+    return model(**kwargs)
+
+
+def expand(cache, rows: int):
+    """A one-row KV cache seen as `rows` rows: a view of each layer, no copy."""
+    for layer in cache.layers:
+        layer.keys = layer.keys.expand(rows, -1, -1, -1)
+        layer.values = layer.values.expand(rows, -1, -1, -1)
+    return cache
 
 
 def _checkpointing(model) -> bool:

@@ -150,6 +150,49 @@ def test_training_the_top_layers_updates_them_as_a_full_update_does_and_nothing_
                 assert torch.equal(p, p0), name
 
 
+@pytest.mark.parametrize("checkpointing", [False, True])
+def test_the_frozen_bottom_runs_once_a_step_and_changes_nothing(checkpointing):
+    """--train-layers 1 on the 2-layer tiny model: the reference pass and two epochs with FrozenBottom
+    give the very log-probs, loss and weights of shared_prompt.forward, and layer 0, below the trained
+    layer, runs on the reference pass only, not in the epochs."""
+    from bookkeeping.models import train_top_layers
+    from speedups import FrozenBottom, update_forward
+    cfg = types.SimpleNamespace(epochs=2, agg="token-mean", micro_batch_rows=3, temperature=0.7, clip_low=0.2,
+                                clip_high=0.3, clip_c=0.0, kl_kind="low_var_kl", kl_coef=0.001, grad_clip=1.0, tool_temperature=0.0)
+    start = make_tiny_model(1000)
+    reference = copy.deepcopy(start).requires_grad_(False)  # train.py's frozen copy
+    trained = {}
+    for name in ("shared", "frozen bottom"):
+        policy = copy.deepcopy(start)
+        train_top_layers(policy, 1)
+        if checkpointing:
+            policy.gradient_checkpointing_enable()
+        forward = update_forward(reference, 1) if name == "frozen bottom" else shared_prompt.forward
+        assert isinstance(forward, FrozenBottom) == (name == "frozen bottom")
+        path = train.RowPath(shared_prompt.micro_batches, forward)
+        rows = _rows()
+        runs = []
+        for model in (reference, policy):
+            model.model.layers[0].register_forward_pre_hook(lambda m, args, kwargs: runs.append(1), with_kwargs=True)
+        train.fill_logprobs(reference, rows, "ref_logp", cfg, Accelerator(cpu=True), 0, path)
+        on_reference = len(runs)
+        policy.train()
+        opt = torch.optim.SGD([p for p in policy.parameters() if p.requires_grad], lr=1.0)
+        stats = train.update(cfg, Accelerator(cpu=True), policy, opt, [rows], 0, path)
+        trained[name] = (policy, [t.ref_logp for t in rows], stats["loss"], on_reference, len(runs) - on_reference)
+    (shared, ref_a, loss_a, _, epochs_a), (bottom, ref_b, loss_b, ref_runs, epochs_b) = trained.values()
+    assert ref_a == ref_b and abs(loss_a - loss_b) < 1e-6
+    for (name, p), q in zip(shared.named_parameters(), bottom.parameters()):
+        assert torch.allclose(p, q, atol=1e-6), name
+    # Under checkpointing the update runs its rows whole ("rows"), the reference pass as prefix and tails:
+    # the first epoch computes those it has not kept, at most once a micro-batch, and the second reuses them.
+    micro = len(shared_prompt.micro_batches(_rows(), cfg.micro_batch_rows))
+    assert 0 < ref_runs and (0 < epochs_b <= micro if checkpointing else epochs_b == 0) and epochs_a >= 2 * micro
+    with pytest.raises(ValueError, match="trained"):  # a model whose bottom trains cannot reuse it
+        FrozenBottom(1)(make_tiny_model(1000), train.collate(_rows()[:2], 0, "cpu"))
+    assert update_forward(reference, 0) is shared_prompt.forward and update_forward(reference, 2) is shared_prompt.forward
+
+
 def test_train_layers_beyond_the_model_trains_every_layer_and_keeps_the_embeddings():
     """A preset's --train-layers 6 on a 2-layer model (demo.py --model TINY): both layers and the norm
     train, the embeddings (tied to the head) stay; 0 trains every parameter."""
