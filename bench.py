@@ -29,6 +29,10 @@ training data is rolled out G times (a group), exactly as train.py does at one s
                              real (non-pad) tokens. The update's extra work is the reference
                              forward, the ratio/clip/KL terms and the AdamW step; what it saves
                              is the language-model head on the prompt (logits_to_keep).
+    update_frozen_bottom_    with --train-layers N (the cpu-plan preset's 6): seconds of the same
+      speedup                reference pass and update again with shared_prompt.forward alone
+                             (every layer run on every pass) / seconds of the step's, where
+                             speedups/frozen_bottom.py runs the frozen layers below N once
     pad_fraction             padded positions / all positions of the update's micro-batches     <= 0.25
     search_vs_generate       seconds of one Local_Search query (BM25 over the shipped corpus,   <= 0.1
                              the mean of 200) / seconds of one engine.generate call of the
@@ -55,6 +59,7 @@ on two cores run several times slower than with one thread each, and the ratios 
 
 Run:   python bench.py                    (the embedded SmolLM2-135M; a few minutes on two cores)
        python bench.py --threads 1        (the same, steadier on a CPU other processes also use)
+       python bench.py --threads 1 --train-layers 6   (the top 6 layers trained, as the cpu-plan preset)
        python bench.py --model Qwen/Qwen2.5-0.5B-Instruct --group-size 8 --max-turns 3 --out b.json
 Test:  python -m pytest -q tests/test_bench.py
 """
@@ -71,7 +76,7 @@ import torch
 from accelerate import Accelerator
 
 from environment import scoring, tasks
-from bookkeeping.models import EMBEDDED, load_model
+from bookkeeping.models import EMBEDDED, load_model, train_top_layers
 from engine import HFEngine, left_pad
 from rollout import rollout
 from tools import Toolbox, local_search
@@ -210,11 +215,14 @@ def parse_args(argv=None):
     p.add_argument("--seed", type=int, default=0, help="picks the question and seeds the sampling")
     p.add_argument("--out", default="bench.json", help="where the figures are written as JSON")
     p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0 = torch's default); 1 is steadier on a shared CPU")
+    p.add_argument("--train-layers", type=int, default=0,
+                   help="train only the top N decoder layers (train.py's --train-layers; 0 = every layer); "
+                        "N > 0 measures update_frozen_bottom_speedup")
     args = p.parse_args(argv)
     if args.group_size < 2:
         p.error(f"--group-size {args.group_size}: must be >= 2 (batched vs one-by-one needs a group)")
-    if args.threads < 0:
-        p.error(f"--threads {args.threads}: must be >= 0 (0 keeps torch's default)")
+    if args.threads < 0 or args.train_layers < 0:
+        p.error(f"--threads {args.threads}, --train-layers {args.train_layers}: must be >= 0 (0 keeps the default)")
     if args.max_turns < 1 or args.planner_tokens < 1 or args.micro_batch_rows < 1:
         p.error("--max-turns, --planner-tokens and --micro-batch-rows must be >= 1")
     if min(args.analysis_tokens, args.executor_tokens, args.verifier_tokens, args.generator_tokens) < 0:
@@ -239,7 +247,8 @@ def bench(args) -> dict:
     policy, tokenizer = load_model(cfg.model, device=accelerator.device)
     frozen, _ = load_model(cfg.model, device=accelerator.device)
     frozen.requires_grad_(False)
-    optimizer = torch.optim.AdamW(policy.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+    trainable = train_top_layers(policy, args.train_layers)  # every parameter with --train-layers 0
+    optimizer = torch.optim.AdamW(trainable, lr=cfg.lr, weight_decay=cfg.weight_decay)
     policy, optimizer = accelerator.prepare(policy, optimizer)
     planner = speedups.FastEngine(accelerator.unwrap_model(policy), tokenizer)  # what train.py chooses here
     frozen_engine = speedups.FastEngine(frozen, tokenizer)
@@ -296,7 +305,7 @@ def bench(args) -> dict:
     update_tokens = sum(len(t.prompt_ids) + len(t.response_ids) for t in rows)  # real tokens of every row
     policy.train()
     t0 = time.perf_counter()
-    shared = RowPath(speedups.micro_batches, speedups.forward)  # what train.py chooses here
+    shared = RowPath(speedups.micro_batches, speedups.update_forward(frozen, args.train_layers))  # what train.py chooses here
     fill_logprobs(frozen, rows, "ref_logp", cfg, accelerator, pad, shared)
     upd = update(cfg, accelerator, policy, optimizer, [rows], pad, shared)
     update_s = time.perf_counter() - t0
@@ -305,7 +314,15 @@ def bench(args) -> dict:
     peak = peak_rss_gb()
     copies = weight_copies(accelerator.unwrap_model(policy), frozen, planner.model, frozen_engine.model)
 
-    # 6. Baselines: the plain forward/backward on the same rows, and the replay of the generate calls.
+    # 6. Baselines: the plain forward/backward on the same rows, and the replay of the generate calls;
+    #    with --train-layers, the step's reference pass and update again, every layer run on every pass.
+    unfrozen_s = None  # not measured: no frozen bottom
+    if isinstance(shared.forward, speedups.FrozenBottom):
+        every_layer = RowPath(speedups.micro_batches, speedups.forward)
+        t0 = time.perf_counter()
+        fill_logprobs(frozen, rows, "ref_logp", cfg, accelerator, pad, every_layer)
+        update(cfg, accelerator, policy, optimizer, [rows], pad, every_layer)
+        unfrozen_s = time.perf_counter() - t0
     plain_s = plain_step(policy, rows, cfg.micro_batch_rows, pad, device)
     policy.eval()
     replay_s, replay_tokens = replay([rec_planner, rec_frozen])
@@ -330,6 +347,7 @@ def bench(args) -> dict:
         "rollout_batched_speedup": one_by_one_s / max(batched_s, eps),
         "rollout_fast_prefill_speedup": plain_prefill_s / max(batched_s, eps),
         "update_vs_plain": update_tok_s / max(plain_tok_s, eps),
+        "update_frozen_bottom_speedup": unfrozen_s and unfrozen_s / max(update_s, eps), "update_every_layer_s": unfrozen_s,
         "pad_fraction": pad_fraction(rows, cfg.micro_batch_rows),
         "search_vs_generate": search_s / max(generate_s, eps), "search_query_s": search_s, "generate_call_s": generate_s,
         "peak_rss_gb": peak,
@@ -355,7 +373,7 @@ def bench(args) -> dict:
                   "analysis_tokens": cfg.analysis_tokens, "planner_tokens": cfg.planner_tokens,
                   "executor_tokens": cfg.executor_tokens, "verifier_tokens": cfg.verifier_tokens,
                   "generator_tokens": cfg.generator_tokens, "micro_batch_rows": cfg.micro_batch_rows,
-                  "data": cfg.data, "seed": cfg.seed, "question": example["query"], "threads": torch.get_num_threads()},
+                  "train_layers": args.train_layers, "data": cfg.data, "seed": cfg.seed, "question": example["query"], "threads": torch.get_num_threads()},
         "targets": {k: f"{op} {v:g}" for k, (op, v) in TARGETS.items()},
     }
 
@@ -372,6 +390,9 @@ def table(r: dict) -> str:
             ("rollout_batched_speedup", f"{r['rollout_batched_speedup']:.2f}", f"{r['one_by_one_s']:.3g} s vs {r['batched_s']:.3g} s"),
             ("rollout_fast_prefill_speedup", f"{r['rollout_fast_prefill_speedup']:.2f}", f"{r['plain_prefill_s']:.3g} s plain prefill vs {r['batched_s']:.3g} s"),
             ("update_vs_plain", f"{r['update_vs_plain']:.3f}", f"{r['update_tok_s']:.1f} vs {r['plain_tok_s']:.1f} tok/s"),
+            ("update_frozen_bottom_speedup", f"{r['update_frozen_bottom_speedup']:.2f}" if r["update_every_layer_s"] else "-",
+             f"{r['update_every_layer_s']:.3g} s every layer vs {r['update_s']:.3g} s" if r["update_every_layer_s"]
+             else "not measured: no frozen layers (--train-layers)"),
             ("pad_fraction", f"{r['pad_fraction']:.3f}", f"{r['update_rows']} rows, {r['update_tokens']} tokens"),
             ("search_vs_generate", f"{r['search_vs_generate']:.4f}", f"{1e3 * r['search_query_s']:.2f} ms a query vs {r['generate_call_s']:.3g} s a generate call"),
             ("peak_rss_gb", f"{r['peak_rss_gb']:.2f}", "one training step"),

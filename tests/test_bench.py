@@ -38,11 +38,24 @@ def test_bench_writes_every_figure_as_a_finite_number(tiny_model_dir, tmp_path):
     assert result["rollout_tokens"] > 0 and result["update_tokens"] > 0 and result["generate_calls"] >= 2
     assert result["sizes"]["group_size"] == 3 and result["sizes"]["max_turns"] == 1
     assert set(result["met"]) == set(result["targets"])
+    assert result["update_frozen_bottom_speedup"] is None  # every layer trains: nothing frozen to measure
     # The table names every figure with its value and whether it met the target.
     for key in ("rollout_vs_generate", "rollout_batched_speedup", "update_vs_plain", "pad_fraction",
                 "search_vs_generate", "peak_rss_gb", "matmul_gflops", "update_gflops"):
         assert key in proc.stdout
     assert "met?" in proc.stdout
+
+
+def test_bench_measures_the_frozen_bottom_where_layers_are_frozen(tiny_model_dir, tmp_path):
+    """--train-layers 1 on the 2-layer tiny model: the update runs the frozen layer once (what train.py
+    chooses) and the figure compares it with the update that runs every layer on every pass."""
+    out = tmp_path / "bench.json"
+    proc = run_bench(["--model", str(tiny_model_dir), *TINY, "--train-layers", "1", "--out", str(out)])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(out.read_text())
+    assert result["sizes"]["train_layers"] == 1
+    assert result["update_frozen_bottom_speedup"] > 0 and math.isfinite(result["update_frozen_bottom_speedup"])
+    assert "update_frozen_bottom_speedup" in proc.stdout
 
 
 def test_bench_rejects_a_group_of_one_before_loading_anything(tmp_path):
