@@ -35,10 +35,11 @@ from speedups.prefill import CACHE
 
 class FrozenBottom:
     """A train.RowPath forward: shared_prompt.forward that runs the bottom `frozen` layers once per
-    micro-batch's tokens (the last `keep` micro-batches are kept: more than a step's)."""
+    micro-batch's tokens. The most recent states are kept, up to `budget` bytes (a cpu-plan step's are
+    about 40 MB); a micro-batch whose states were let go is computed again, not wrong."""
 
-    def __init__(self, frozen: int, keep: int = 256):
-        self.frozen, self.keep = frozen, keep
+    def __init__(self, frozen: int, budget: int = 1 << 30):
+        self.frozen, self.budget = frozen, budget
         self.kept = OrderedDict()  # key -> {part: (rows, tokens, hidden) states entering layer `frozen`}
 
     def __call__(self, model, batch):
@@ -50,7 +51,7 @@ class FrozenBottom:
         key = _key(batch, dtype, torch.is_autocast_enabled(batch["input_ids"].device.type))
         states = self.kept.pop(key, {})
         self.kept[key] = states  # the most recent last; the oldest goes first
-        while len(self.kept) > self.keep:
+        while len(self.kept) > 1 and self.size() > self.budget:
             self.kept.popitem(last=False)
         prefix = {}  # the bottom layers' KV cache of the shared prefix, while the tails need it
 
@@ -63,6 +64,10 @@ class FrozenBottom:
                 return model(inputs_embeds=states[part], **kwargs)
 
         return shared_prompt.forward(model, batch, call)
+
+    def size(self) -> int:
+        """Bytes of the kept states."""
+        return sum(h.numel() * h.element_size() for states in self.kept.values() for h in states.values())
 
     @torch.no_grad()
     def bottom(self, model, part, input_ids, kwargs, prefix):

@@ -188,6 +188,11 @@ def test_the_frozen_bottom_runs_once_a_step_and_changes_nothing(checkpointing):
     # the first epoch computes those it has not kept, at most once a micro-batch, and the second reuses them.
     micro = len(shared_prompt.micro_batches(_rows(), cfg.micro_batch_rows))
     assert 0 < ref_runs and (0 < epochs_b <= micro if checkpointing else epochs_b == 0) and epochs_a >= 2 * micro
+    forward = update_forward(reference, 1)
+    forward.budget = 0  # nothing kept beyond the micro-batch at hand: computed again, the same numbers
+    rows = _rows()
+    train.fill_logprobs(reference, rows, "ref_logp", cfg, Accelerator(cpu=True), 0, train.RowPath(shared_prompt.micro_batches, forward))
+    assert [t.ref_logp for t in rows] == ref_a and len(forward.kept) == 1
     with pytest.raises(ValueError, match="trained"):  # a model whose bottom trains cannot reuse it
         FrozenBottom(1)(make_tiny_model(1000), train.collate(_rows()[:2], 0, "cpu"))
     assert update_forward(reference, 0) is shared_prompt.forward and update_forward(reference, 2) is shared_prompt.forward
