@@ -10,7 +10,7 @@ summary.json that it ran on CUDA in the precision asked for:
     bf16 + recompute     accelerate launch --mixed_precision bf16 --old-logprobs recompute, 2 steps
     bf16 + checkpointing accelerate launch --config_file configs/accelerate_1gpu.yaml (bf16),
                          --gradient-checkpointing, --eval-every 1 (test accuracy before step 1 and after each)
-    fp32 + checkpointing --gradient-checkpointing --speedups (the CPU speed-ups, on the GPU)
+    fp32 + checkpointing --gradient-checkpointing --speedups --train-layers 1 (the CPU speed-ups, on the GPU)
     resume               the checkpointed bf16 run continued to step 3 from its run folder
     evaluate             evaluate.py --checkpoint on the GPU (--device auto, --dtype auto: cuda, bf16)
     greedy               engine.HFEngine at temperature 0 decodes greedily under 3 seeds although the
@@ -208,8 +208,8 @@ def checks(work: Path, model: Path, cpu: bool):
          launch(["--config_file", str(ROOT / "configs" / "accelerate_1gpu.yaml")],
                 tiny + ["--steps", "2", "--gradient-checkpointing", "--eval-every", "1", "--eval-n", "2", "--out", str(ckpt)], cpu),
          accuracy_logged),
-        ("fp32 + gradient checkpointing + --speedups",
-         launch(one + ["--mixed_precision", "no"], tiny + ["--steps", "2", "--gradient-checkpointing", "--speedups",
+        ("fp32 + gradient checkpointing + --speedups, the top layer trained (the frozen bottom kept)",
+         launch(one + ["--mixed_precision", "no"], tiny + ["--steps", "2", "--gradient-checkpointing", "--speedups", "--train-layers", "1",
                                                             "--out", str(work / "fp32-ckpt")], cpu),
          lambda: ran_on(metrics(work / "fp32-ckpt"), device, "no", [1, 2])),
         ("resume the bf16 run to step 3",
