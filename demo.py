@@ -106,8 +106,8 @@ def run_jobs(jobs, workers: int) -> dict:
     """Run the jobs, in this process (one worker) or on a pool of `workers` processes that split this
     process's threads between them, longest job first (the list's order). On 2 CPU cores a decode step
     of one row-batch leaves the second core mostly idle, so two processes of one thread each get more
-    done: the demo took 45.7 min so, against 50.9 one after another (README, Results). Returns
-    {name: seconds} over every job."""
+    done: at 3b1d7b0 the demo took 45.7 min so, against 50.9 one after another
+    (results/plan/history.md). Returns {name: seconds} over every job."""
     seconds = {}
     if workers <= 1:
         for commands, _ in jobs:
