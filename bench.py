@@ -347,7 +347,7 @@ def bench(args) -> dict:
         "rollout_batched_speedup": one_by_one_s / max(batched_s, eps),
         "rollout_fast_prefill_speedup": plain_prefill_s / max(batched_s, eps),
         "update_vs_plain": update_tok_s / max(plain_tok_s, eps),
-        "update_frozen_bottom_speedup": unfrozen_s and unfrozen_s / max(update_s, eps), "update_every_layer_s": unfrozen_s,
+        "update_frozen_bottom_speedup": None if unfrozen_s is None else unfrozen_s / max(update_s, eps), "update_every_layer_s": unfrozen_s,
         "pad_fraction": pad_fraction(rows, cfg.micro_batch_rows),
         "search_vs_generate": search_s / max(generate_s, eps), "search_query_s": search_s, "generate_call_s": generate_s,
         "peak_rss_gb": peak,
@@ -390,9 +390,9 @@ def table(r: dict) -> str:
             ("rollout_batched_speedup", f"{r['rollout_batched_speedup']:.2f}", f"{r['one_by_one_s']:.3g} s vs {r['batched_s']:.3g} s"),
             ("rollout_fast_prefill_speedup", f"{r['rollout_fast_prefill_speedup']:.2f}", f"{r['plain_prefill_s']:.3g} s plain prefill vs {r['batched_s']:.3g} s"),
             ("update_vs_plain", f"{r['update_vs_plain']:.3f}", f"{r['update_tok_s']:.1f} vs {r['plain_tok_s']:.1f} tok/s"),
-            ("update_frozen_bottom_speedup", f"{r['update_frozen_bottom_speedup']:.2f}" if r["update_every_layer_s"] else "-",
-             f"{r['update_every_layer_s']:.3g} s every layer vs {r['update_s']:.3g} s" if r["update_every_layer_s"]
-             else "not measured: no frozen layers (--train-layers)"),
+            ("update_frozen_bottom_speedup", "-" if r["update_every_layer_s"] is None else f"{r['update_frozen_bottom_speedup']:.2f}",
+             "not measured: no frozen layers (--train-layers)" if r["update_every_layer_s"] is None
+             else f"{r['update_every_layer_s']:.3g} s every layer vs {r['update_s']:.3g} s"),
             ("pad_fraction", f"{r['pad_fraction']:.3f}", f"{r['update_rows']} rows, {r['update_tokens']} tokens"),
             ("search_vs_generate", f"{r['search_vs_generate']:.4f}", f"{1e3 * r['search_query_s']:.2f} ms a query vs {r['generate_call_s']:.3g} s a generate call"),
             ("peak_rss_gb", f"{r['peak_rss_gb']:.2f}", "one training step"),

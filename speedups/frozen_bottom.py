@@ -98,12 +98,12 @@ def layers(model, start: int, stop, norm: bool = True):
     final norm unless `norm`: the bottom part, or the top part fed hidden states as inputs_embeds."""
     decoder = model.get_decoder()
     every, final = decoder.layers, decoder.norm
-    kept = every[start:stop]
+    kept = every[start:stop]  # a ModuleList of the same layer modules
     numbers = [layer.self_attn.layer_idx for layer in kept]
     try:
         for i, layer in enumerate(kept):
             layer.self_attn.layer_idx = i
-        decoder.layers = torch.nn.ModuleList(kept)
+        decoder.layers = kept
         if not norm:
             decoder.norm = torch.nn.Identity()
         yield
