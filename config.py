@@ -61,6 +61,8 @@ class Config(RolloutConfig):
     checkpoint_every: int = arg(10, "save a checkpoint every N steps, and at the end (0 = at the end only)")
     eval_every: int = arg(0, "greedy test accuracy on eval_n test questions of --data every N steps, and before step 1 (0 = never)")
     eval_n: int = arg(30, "test questions for eval_every (the same ones each time)")
+    eval_ends: bool = arg(True, "with eval_every: evaluate before step 1 and after the last step too (demo.py turns it off: "
+                                "its evaluations of the untrained and the trained planner hold both ends of the curve)")
     resume: str = arg("", "run or checkpoint folder to continue from")
     dry_run: bool = arg(False, "print the resolved config and the memory estimate, then exit (loads nothing)")
 
@@ -90,8 +92,11 @@ PRESETS = {
     # temperature 0.5 (the sub-goal's; the tool is drawn at tool_temperature): at 0.7 the sampled
     # sub-goals before Python_Coder were mostly made-up sums ("21 + 2000"), so Fact_Lookup then
     # Python_Coder rarely paid on fact-then-sum in training although it pays greedily (README).
+    # frozen_dtype bf16: the executor and the generator, half of a rollout's time, on bf16 weights (2.4x
+    # the fp32 matmuls of a CPU with avx512_bf16; a rollout step 67 -> 48 s on one thread, the untrained
+    # planner and the oracle planner score what they did in fp32: README); the planner stays fp32.
     "cpu-plan": dict(model=EMBEDDED, data="planning", tools="Fact_Lookup,Python_Coder,Done", tool_temperature=1.0,
-                     calibrate_tools=True,
+                     calibrate_tools=True, frozen_dtype="bf16",
                      kinds="calculation,calculation,fact,fact-then-sum,two-hop,two-hop", group_size=6,
                      questions_per_step=6, mini_batch_questions=6, max_turns=2, verify=False, analysis_tokens=0,
                      planner_tokens=16, executor_tokens=24, verifier_tokens=6, generator_tokens=12, memory_chars=500,

@@ -59,6 +59,7 @@ import torch  # noqa: E402
 
 import evaluate  # noqa: E402
 import train  # noqa: E402
+from environment import tasks  # noqa: E402
 from evaluate import compare  # noqa: E402
 from config import PRESETS  # noqa: E402
 
@@ -121,18 +122,34 @@ def run_jobs(jobs, workers: int) -> dict:
     return seconds
 
 
+def learning_curve(metrics_path: Path, untrained: Path, trained: Path, questions) -> list[tuple[int, float]]:
+    """A training run's greedy test accuracy on its eval_n `questions`, [(step, accuracy)]: the steps in
+    between from train.py's metrics, step 0 and the last step from the evaluations of the untrained and
+    the trained planner (rows 2 and 8) on those questions, among the demo's. Both are the greedy rollout
+    that train.py would run there, so the demo runs it once (train.py --no-eval-ends; at 1e95ae5 the two
+    gave the same answers). The ends are left out where their evaluation is missing."""
+    lines = [json.loads(line) for line in metrics_path.read_text().splitlines()]
+    middle = [(m["step"], m["test_accuracy"]) for m in lines if "test_accuracy" in m]
+    ends = []
+    for step, folder in ((0, untrained), (max((m["step"] for m in lines), default=0), trained)):
+        if (folder / "results.jsonl").is_file():
+            score = {r["id"]: r["score"] for r in map(json.loads, (folder / "results.jsonl").read_text().splitlines())}
+            if all(q["id"] in score for q in questions):
+                ends.append((step, sum(score[q["id"]] for q in questions) / len(questions)))
+    return sorted(dict(middle + ends).items())
+
+
 def plot(runs: dict, accuracy: dict, final_step: int, path: Path):
-    """Per training run (broadcast credit, last-turn credit): the training reward per step and the
-    test accuracy during training; each baseline's accuracy on all the demo's questions as a line."""
+    """Per training run (broadcast credit, last-turn credit), {name: (metrics.jsonl, learning_curve, eval_n)}:
+    the training reward per step and the test accuracy during training; each baseline's accuracy on all
+    the demo's questions as a line."""
     fig, ax = plt.subplots(figsize=(8, 4.8))
-    for (name, metrics_path), color in zip(runs.items(), ("tab:blue", "tab:orange")):
+    for (name, (metrics_path, tests, n)), color in zip(runs.items(), ("tab:blue", "tab:orange")):
         lines = [json.loads(line) for line in metrics_path.read_text().splitlines()]
         steps = [m["step"] for m in lines if "reward_mean" in m]
         ax.plot(steps, [m["reward_mean"] for m in lines if "reward_mean" in m], color=color, alpha=0.35,
                 label=f"{name}: training reward (batch mean)")
-        tests = [(m["step"], m["test_accuracy"]) for m in lines if "test_accuracy" in m]
         if tests:
-            n = json.loads((metrics_path.parent / "config.json").read_text())["eval_n"]
             ax.plot(*zip(*tests), "o--", color=color, label=f"{name}: test accuracy during training ({n} questions, greedy)")
     fixed = {k: v for k, v in accuracy.items() if k.startswith(FIXED)}
     styles = {BASE: ("black", ":"), UNTRAINED: ("tab:red", ":"), ROUTER: ("tab:green", "-."), ORACLE: ("tab:green", "--")}
@@ -166,7 +183,7 @@ def before_and_after(data: str, n: int, seed: int, preset: str, model: str, chec
     untrained planner and with the trained one; written to `path` as text, one line a trajectory: each
     turn's tool, the sub-goal it wrote, and what the tool found with it."""
     import speedups
-    from bookkeeping.models import load_model
+    from bookkeeping.models import frozen_modules_model, load_model
     from config import Config
     from environment import planning, scoring, tasks
     from rollout import rollout
@@ -176,16 +193,17 @@ def before_and_after(data: str, n: int, seed: int, preset: str, model: str, chec
     examples = tasks.load(data, n=n, seed=seed)
     picks = [next(e for e in examples if e.get("kind") == k) for k in planning.MULTI_STEP
              if any(e.get("kind") == k for e in examples)]
-    frozen_model, tokenizer = load_model(model)
-    on, _ = speedups.choose(None, frozen_model)
-    frozen = speedups.engine(frozen_model, tokenizer, on, cfg.max_batch)
+    initial, tokenizer = load_model(model)
+    on, _ = speedups.choose(None, initial)
+    untrained = speedups.engine(initial, tokenizer, on, cfg.max_batch)
     trained = speedups.engine(*load_model(str(evaluate.resolve_checkpoint(str(checkpoint))[0])), on, cfg.max_batch)
+    frozen = speedups.engine(frozen_modules_model(model, initial, cfg.frozen_dtype), tokenizer, on, cfg.max_batch)
     toolbox = Toolbox(cfg.tool_names(), llm=frozen)
     lines = []
     for ex in picks:
         lines.append(f"{ex['query']}   (gold {ex['answer']}; right plan: "
                      + " then ".join(f"{tool} {goal!r}" for tool, goal in zip(ex["tools"], ex["sub_goals"])) + ")")
-        for name, planner in (("untrained", frozen), ("trained", trained)):
+        for name, planner in (("untrained", untrained), ("trained", trained)):
             torch.manual_seed(seed)
             trajs = rollout([ex["query"]] * cfg.group_size, planner, frozen, toolbox, cfg, examples=[ex] * cfg.group_size)
             rewards = [scoring.score(tr.final_output, ex) for tr in trajs]
@@ -229,6 +247,7 @@ def main(argv=None):
     common = ["evaluate.py", "--data", args.data, "--n", str(args.n), "--seed", str(args.seed)]
     model = ["--model", args.model]
     logs = out / "logs"  # with several workers: each job's output
+    eval_n = min(args.n, preset["eval_n"])  # the training runs' test questions: the first of the demo's
     rows = []  # (name in the plot, output folder), in the table's order: the trained agent last
 
     def evaluation(name, folder, extra):
@@ -260,7 +279,7 @@ def main(argv=None):
             shutil.rmtree(out / folder)
         training = ["train.py", "--preset", args.preset, "--data", args.data, "--steps", str(args.steps),
                     "--seed", str(args.seed), "--out", str(out / folder), "--model", args.model,
-                    "--checkpoint-every", str(args.steps), "--eval-n", str(min(args.n, preset["eval_n"])), *extra]
+                    "--checkpoint-every", str(args.steps), "--eval-n", str(eval_n), "--no-eval-ends", *extra]
         final = out / folder / "checkpoints" / f"step-{args.steps:06d}"
         jobs.insert(0, ([(f"training ({name})", training), evaluation(name, "eval-" + folder, agent + ["--checkpoint", str(final)])],
                         logs / f"{folder}.txt"))
@@ -275,11 +294,17 @@ def main(argv=None):
     markdown, entries = compare([folder for _, folder in rows])
     speed = {name: trajectories_per_minute(out / folder / "metrics.jsonl") for name, (_, folder, _) in runs.items()}
     markdown += "\n\ntraining: " + ", ".join(f"{name} {v:.1f} trajectories a minute" for name, v in speed.items())
+    questions = tasks.load(args.data, split="test", n=eval_n, seed=args.seed)  # train.py's (scaleout/launch.py)
+    curves = {name: learning_curve(out / folder / "metrics.jsonl", out / "eval-untrained", out / f"eval-{folder}", questions)
+              for name, (_, folder, _) in runs.items()}
+    markdown += f"\n\ngreedy test accuracy during training ({eval_n} of the questions), (step, accuracy): " + "; ".join(
+        f"{name} " + ", ".join(f"({step}, {acc:.3f})" for step, acc in curve) for name, curve in curves.items())
     (out / "results.md").write_text(markdown + "\n")
     (out / "results.json").write_text(json.dumps(entries, indent=2) + "\n")
+    (out / "learning_curve.json").write_text(json.dumps({"questions": eval_n, **curves}, indent=2) + "\n")
     accuracy = {name: json.loads((folder / "summary.json").read_text())["accuracy"] for name, folder in rows}
-    plot({name: out / folder / "metrics.jsonl" for name, (_, folder, _) in runs.items()}, accuracy, args.steps,
-         out / "learning_curve.png")
+    plot({name: (out / folder / "metrics.jsonl", curves[name], eval_n) for name, (_, folder, _) in runs.items()},
+         accuracy, args.steps, out / "learning_curve.png")
     if preset["max_turns"] > 1:  # what the trained sub-goals carry from one step into the next
         t1 = time.perf_counter()
         before_and_after(args.data, args.n, args.seed, args.preset, args.model,

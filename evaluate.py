@@ -63,7 +63,7 @@ from scaleout import remote_engine
 from environment import scoring, tasks
 from bookkeeping.cli import SIZES, add_arguments, describe_sizes, machine_sizes, set_sandbox
 from bookkeeping.metrics import rollout_stats
-from bookkeeping.models import EMBEDDED, load_model
+from bookkeeping.models import DTYPES, EMBEDDED, load_model
 import speedups  # the engine: speedups.FastEngine where it applies, else engine.HFEngine
 from rollout import RolloutConfig, Trajectory, arg, rollout
 from bookkeeping.report import compare, trajectory_json, wilson, write_html
@@ -287,8 +287,9 @@ def parse_args(argv=None) -> tuple[EvalConfig, argparse.Namespace]:
         parser.error(f"--mode must be agent or direct, got {cfg.mode!r}")
     if cfg.device not in ("auto", "cpu", "cuda") and not cfg.device.startswith("cuda:"):
         parser.error(f"--device must be auto, cpu or cuda, got {cfg.device!r}")
-    if cfg.dtype not in ("auto", "fp32", "bf16"):
-        parser.error(f"--dtype must be auto, fp32 or bf16, got {cfg.dtype!r}")
+    for name in ("dtype", "frozen_dtype"):
+        if getattr(cfg, name) not in ("auto", "fp32", "bf16"):
+            parser.error(f"--{name.replace('_', '-')} must be auto, fp32 or bf16, got {getattr(cfg, name)!r}")
     if not cfg.out:
         parser.error("--out DIR is required: the folder for summary.json, results.jsonl and trajectories.html")
     try:
@@ -358,24 +359,29 @@ def main(argv=None):
     print(describe_sizes(cfg, args.sizes_source), flush=True)
     torch.manual_seed(cfg.seed)
 
-    # 2. Engines: one for --model; a planner and a frozen one for --checkpoint (frozen only if used).
+    # 2. Engines: one for --model; a planner and a frozen one for --checkpoint or a --frozen-dtype other
+    #    than --dtype's (frozen only if used).
     t0 = time.perf_counter()
     model, tokenizer = load_model(model_name, dtype=dtype, device=device)
     fast, line = speedups.choose(cfg.speedups, model)
     print(line, flush=True)
     planner = frozen = speedups.engine(model, tokenizer, fast, max_batch=cfg.max_batch)
+    frozen_dtype = DTYPES.get(cfg.frozen_dtype, dtype)  # --frozen-dtype: the frozen modules' own, else --dtype's
     if cfg.frozen_engine and (cfg.mode == "agent" or cfg.judge):
         try:
             frozen = remote_engine.from_url(cfg.frozen_engine)
         except (ValueError, RuntimeError) as e:
             raise SystemExit(f"evaluate.py: error: --frozen-engine: {e}") from None
-    elif cfg.checkpoint and (cfg.mode == "agent" or cfg.judge):
-        frozen = speedups.engine(*load_model(cfg.frozen_model, dtype=dtype, device=device), fast, max_batch=cfg.max_batch)
+    elif (cfg.checkpoint or frozen_dtype != dtype) and (cfg.mode == "agent" or cfg.judge):
+        frozen = speedups.engine(*load_model(cfg.frozen_model or cfg.model, dtype=frozen_dtype, device=device), fast,
+                                 max_batch=cfg.max_batch)
     if cfg.fixed_tool:
         planner = FixedPlan(cfg.fixed_tool, offered=cfg.tool_names())
     elif cfg.oracle:
         planner = OraclePlan(examples, cfg.oracle, offered=cfg.tool_names())
-    print(f"models loaded in {time.perf_counter() - t0:.1f} s on {device} in {str(dtype).removeprefix('torch.')}", file=sys.stderr)
+    print(f"models loaded in {time.perf_counter() - t0:.1f} s on {device} in {str(dtype).removeprefix('torch.')}"
+          + (f", the frozen modules in {str(frozen.model.dtype).removeprefix('torch.')}" if frozen is not planner and hasattr(frozen, "model") else ""),
+          file=sys.stderr)
 
     # 3. Run, writing each record as soon as its batch is scored (a crash keeps what was done).
     out = Path(cfg.out)
@@ -394,7 +400,8 @@ def main(argv=None):
     # 4. Summary, viewer, and the lines to read in the terminal.
     summary = summarize(records, seconds=seconds, skipped_rows=report.get("skipped", 0), label=cfg.label, mode=cfg.mode, data=cfg.data, split=cfg.split,
                         model=cfg.model if not cfg.checkpoint else "", checkpoint=cfg.checkpoint,
-                        frozen_model=cfg.frozen_model or cfg.model, device=device, dtype=str(dtype).removeprefix("torch."), scorer="judge" if cfg.judge else "rule",
+                        frozen_model=cfg.frozen_model or cfg.model, device=device, dtype=str(dtype).removeprefix("torch."),
+                        frozen_dtype=str(frozen.model.dtype).removeprefix("torch.") if hasattr(frozen, "model") else "", scorer="judge" if cfg.judge else "rule",
                         tokens_generated=planner.tokens_generated + (frozen.tokens_generated if frozen is not planner else 0),
                         sizes=args.sizes_source, speedups=fast, config=asdict(cfg))
     (out / "summary.json").write_text(json.dumps(summary, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")

@@ -68,6 +68,10 @@ class RolloutConfig:
     memory_chars: int = arg(900, "budget of the rendered memory in every prompt, in characters")
     verify: bool = arg(True, "ask the verifier after every turn but the last (off: every trajectory runs max_turns turns)")
     max_batch: int = arg(16, "rows per batched generate call of an engine; more prompts are split into chunks")
+    frozen_dtype: str = arg("auto", "weights of the frozen modules' engine (executor, verifier, generator, Base_Generator): "
+                                    "auto = the frozen model's own (train.py: bf16 under Accelerate's bf16, else fp32; "
+                                    "evaluate.py: --dtype's), fp32 or bf16 (a second copy, in that dtype; the planner, the "
+                                    "KL reference and the layers below --train-layers keep theirs)")
     tools: str = arg(",".join(OFFLINE_TOOLS), "tools the planner may choose from, comma-separated")
     sandbox: str = arg("", "Python_Coder's isolation: auto (namespaces where the kernel allows, else one line says "
                            "so), strict (refuse to run without), off (a plain subprocess); '' = $AGENTFLOW_SANDBOX, else auto")

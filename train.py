@@ -29,6 +29,8 @@ Simplifications vs. the paper / the official code (see flow_grpo.py for the obje
   uninterrupted run would have.
 - Precision, device and process count come from the Accelerate launcher and its config files
   (`accelerate launch --mixed_precision bf16 ...`); the frozen copy is held in bf16 when it says bf16.
+  `--frozen-dtype bf16` runs the frozen modules on a bf16 copy of their own whatever the launcher
+  says (the cpu-plan preset: a CPU with avx512_bf16 runs them faster); the planner keeps its precision.
 
 Shapes (as in flow_grpo.py): N trajectories, G group size, B turn-rows of a micro-batch, L row width
 (prompt + response), R response tokens, V vocabulary.
@@ -55,6 +57,7 @@ from tqdm import tqdm
 
 import speedups  # drop-ins for the engine and the update's forward, chosen in make_engines() only
 from bookkeeping.cli import add_arguments
+from bookkeeping.models import frozen_modules_model
 from bookkeeping.metrics import add_micro_batch, add_optimizer_step, new_update_sums, step_metrics, write_param_digest
 from config import PRESETS, Config  # the run's fields and presets
 from engine import HFEngine, left_pad
@@ -239,9 +242,10 @@ def make_engines(cfg, accelerator, policy, frozen, tokenizer, remote):
     # The planner generates with the policy itself, or under FSDP with a plain instance that shares the
     # gathered weights during a rollout, so that no rank's decoding waits on another's (distributed.py).
     planner = Engine(distributed.generation_model(accelerator, policy), tokenizer, max_batch=cfg.max_batch)
-    # With --frozen-engine the executor, verifier, generator and Base_Generator run on a server; the
-    # local frozen copy then only serves as the KL reference pi_ref.
-    frozen_engine = remote or Engine(frozen, tokenizer, max_batch=cfg.max_batch)
+    # With --frozen-engine the executor, verifier, generator and Base_Generator run on a server, with
+    # --frozen-dtype on a copy in that dtype; the local frozen copy then serves as the KL reference pi_ref
+    # (and the frozen bottom) only.
+    frozen_engine = remote or Engine(frozen_modules_model(cfg.model, frozen, cfg.frozen_dtype), tokenizer, max_batch=cfg.max_batch)
     # The shared-prompt update makes two forward calls before one backward: one process only. Under
     # --train-layers it runs the frozen layers below once a step (speedups/frozen_bottom.py).
     path = (RowPath(speedups.micro_batches, speedups.update_forward(frozen, cfg.train_layers))
@@ -265,7 +269,7 @@ def train(cfg: Config, reward_fn=None, given=frozenset(), accelerator=None) -> d
     launch.write_config(cfg, accelerator, run_info, [line])
     n_mini = cfg.questions_per_step // cfg.mini_batch_questions  # optimiser steps per rollout batch
     per_mini = cfg.mini_batch_questions // world  # this process's questions per mini-batch
-    if cfg.eval_every and start_step == 0:  # the untrained planner: step 0 of the learning curve
+    if cfg.eval_every and cfg.eval_ends and start_step == 0:  # the untrained planner: step 0 of the learning curve
         acc = launch.test_accuracy(cfg, policy, planner, frozen_engine, toolbox, test_examples, accelerator)
         launch.write_step(cfg, accelerator, 0, {"step": 0, **acc}, run_info)
     metrics = {}
@@ -315,7 +319,7 @@ def train(cfg: Config, reward_fn=None, given=frozenset(), accelerator=None) -> d
                                groups_trained=len({g for _, g in rows}) if cfg.filter_groups else None,
                                kl_measured=cfg.kl_coef > 0, kinds=tuple(sorted(set(cfg.kind_names()))),
                                max_turns=cfg.max_turns, lr=optimizer.param_groups[0]["lr"])
-        if cfg.eval_every and (step % cfg.eval_every == 0 or step == cfg.steps):
+        if cfg.eval_every and (step % cfg.eval_every == 0 or step == cfg.steps) and (cfg.eval_ends or step < cfg.steps):
             metrics |= launch.test_accuracy(cfg, policy, planner, frozen_engine, toolbox, test_examples, accelerator)
         launch.write_step(cfg, accelerator, step, metrics, run_info, trajs)
         if (cfg.checkpoint_every and step % cfg.checkpoint_every == 0) or step == cfg.steps:

@@ -56,6 +56,7 @@ def validate(cfg: Config, world: int = 1):
         (cfg.kl_kind in KL_KINDS, f"--kl-kind {cfg.kl_kind!r}: choose from {', '.join(KL_KINDS)}"),
         (cfg.credit in ("broadcast", "last"), f"--credit {cfg.credit!r}: choose broadcast or last"),
         (cfg.old_logprobs in ("sample", "recompute"), "--old-logprobs must be 'sample' or 'recompute'"),
+        (cfg.frozen_dtype in ("auto", "fp32", "bf16"), f"--frozen-dtype {cfg.frozen_dtype!r}: choose auto, fp32 or bf16"),
         (cfg.mini_batch_questions >= 1 and cfg.questions_per_step % cfg.mini_batch_questions == 0,
          f"--questions-per-step {cfg.questions_per_step} must be a multiple of --mini-batch-questions {cfg.mini_batch_questions}"),
         (cfg.mini_batch_questions % world == 0,
