@@ -23,7 +23,9 @@ the same questions for every row:
                                                              with more than one turn only)
     8. the trained agents    evaluate.py --checkpoint        rows 6 and 7 evaluated
     9. the table: accuracy with Wilson 95% intervals per kind and for all, and the trained agent minus
-       each row, paired on the same questions (evaluate.py --compare); the learning curve of both runs;
+       each row, paired on the same questions (evaluate.py --compare); the learning curve of both runs
+       (the greedy test accuracy during training on the runs' eval_n questions: step 0 and the last
+       step are rows 2 and 8 on those questions, which train.py --no-eval-ends leaves to them);
        the training speed in trajectories a minute; and, with more than one turn, one multi-step question
        of each kind with its G trajectories sampled as in training, untrained and trained
        (trajectories.txt: what each turn's sub-goal carried into the next tool call)
@@ -35,7 +37,7 @@ output goes to OUT/logs/. `--baselines skip` takes rows 1-5 from an earlier run 
 `--ablation skip` leaves row 7 out.
 
 Run:   python demo.py                      (writes runs/demo/: results.md, results.json, learning_curve.png,
-                                            trajectories.txt, timing.json)
+                                            learning_curve.json, trajectories.txt, timing.json)
        python demo.py --n 20 --steps 4     (a quick look)
        python demo.py --preset cpu-route   (the one-turn routing demo)
 """

@@ -18,6 +18,22 @@ def test_fixed_plans_are_every_sequence_of_the_tools_up_to_max_turns_without_don
     assert demo.fixed_plans([P, F], 1) == [(P,), (F,)]  # cpu-route: one turn, the single tools
 
 
+def test_the_learning_curve_takes_its_ends_from_the_untrained_and_trained_rows_on_the_training_runs_questions(tmp_path):
+    """train.py --no-eval-ends logs the steps between; step 0 and the last step are the untrained and the
+    trained rows' scores on the training run's eval questions only (of the demo's more), and an end whose
+    evaluation is missing, or lacks one of those questions, is left out rather than guessed."""
+    questions = [{"id": "a"}, {"id": "b"}]
+    (tmp_path / "metrics.jsonl").write_text("\n".join(json.dumps(m) for m in [
+        {"step": 1, "reward_mean": 0.1}, {"step": 2, "reward_mean": 0.2, "test_accuracy": 0.5}, {"step": 3, "reward_mean": 0.3}]))
+    for folder, scores in (("untrained", {"a": 0, "b": 0, "c": 1}), ("trained", {"a": 1, "b": 1, "c": 0})):
+        (tmp_path / folder).mkdir()
+        (tmp_path / folder / "results.jsonl").write_text("\n".join(json.dumps({"id": k, "score": v}) for k, v in scores.items()))
+    curve = demo.learning_curve(tmp_path / "metrics.jsonl", tmp_path / "untrained", tmp_path / "trained", questions)
+    assert curve == [(0, 0.0), (2, 0.5), (3, 1.0)]
+    assert demo.learning_curve(tmp_path / "metrics.jsonl", tmp_path / "missing", tmp_path / "trained",
+                               questions + [{"id": "d"}]) == [(2, 0.5)]
+
+
 def test_demo_writes_the_table_the_learning_curve_and_the_trajectories_before_and_after(tiny_model_dir, tmp_path):
     """The default, cpu-plan (two turns, Done): every row runs, its six fixed sequences, both oracles and
     the last-turn-credit ablation beside the trained agent; and the G trajectories of a multi-step
@@ -54,6 +70,10 @@ def test_demo_writes_the_table_the_learning_curve_and_the_trajectories_before_an
     assert set(timing["trajectories_per_minute"]) == {"last-turn credit", "broadcast"}
     assert all(v > 0 for v in timing["trajectories_per_minute"].values())
     assert (out / "learning_curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # Both runs' curves hold step 0 and the last step, from the untrained and the trained rows.
+    curves = json.loads((out / "learning_curve.json").read_text())
+    assert [step for step, _ in curves["broadcast"]] == [step for step, _ in curves["last-turn credit"]] == [0, 1]
+    assert "greedy test accuracy during training" in markdown
     # One multi-step question of each kind among the demo's, its G trajectories before and after training.
     text = (out / "trajectories.txt").read_text()
     kinds = {e["kind"] for e in tasks.load("planning", n=5)} & {"fact-then-sum", "two-hop"}

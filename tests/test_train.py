@@ -10,6 +10,7 @@ import sys
 
 import pytest
 import torch
+from accelerate import Accelerator
 from safetensors.torch import load_file
 
 import modules
@@ -171,6 +172,37 @@ def test_the_learning_rate_rises_over_the_warmup_steps_then_stays(tiny_model_dir
         assert [m["lr"] for m in lines] == pytest.approx(expected)
 
 
+def test_no_eval_ends_evaluates_between_the_ends_only(tiny_model_dir, tmp_path):
+    """--eval-every 1 evaluates before step 1 and after every step; --no-eval-ends (what demo.py passes, which
+    takes both ends from its own evaluations) leaves out step 0 and the last step, and only those."""
+    args = TINY + ["--model", str(tiny_model_dir), "--steps", "3", "--checkpoint-every", "0", "--eval-every", "1",
+                   "--eval-n", "2"]
+    for ends, expected in (("--eval-ends", [0, 1, 2, 3]), ("--no-eval-ends", [1, 2])):
+        cfg, _ = train.parse_args(args + [ends, "--out", str(tmp_path / ends)])
+        train.train(cfg)
+        lines = [json.loads(line) for line in (tmp_path / ends / "metrics.jsonl").read_text().splitlines()]
+        assert [m["step"] for m in lines if "test_accuracy" in m] == expected
+        assert [m["step"] for m in lines if "reward_mean" in m] == [1, 2, 3]
+
+
+def test_frozen_dtype_runs_the_frozen_modules_on_a_copy_and_leaves_the_reference_as_it_was(tiny_model_dir, tmp_path):
+    """--frozen-dtype bf16 (the cpu-plan preset): the executor's and generator's engine holds a bf16 copy;
+    the frozen copy that is the KL reference and the frozen bottom stays fp32, as does the planner; auto
+    (or the frozen copy's own dtype) shares the one frozen copy."""
+    from bookkeeping.models import frozen_modules_model, load_model
+    frozen, _ = load_model(str(tiny_model_dir))
+    assert frozen_modules_model(str(tiny_model_dir), frozen, "auto") is frozen
+    assert frozen_modules_model(str(tiny_model_dir), frozen, "fp32") is frozen
+    copy = frozen_modules_model(str(tiny_model_dir), frozen, "bf16")
+    assert copy is not frozen and copy.dtype == torch.bfloat16 and frozen.dtype == torch.float32
+    for (name, a), (_, b) in zip(frozen.named_parameters(), copy.named_parameters()):
+        assert torch.equal(a.to(torch.bfloat16), b), name  # the same weights, rounded
+    cfg, _ = train.parse_args(TINY + ["--model", str(tiny_model_dir), "--frozen-dtype", "bf16", "--out", str(tmp_path)])
+    accelerator = Accelerator(cpu=True)
+    planner, engine, _, _, _ = train.make_engines(cfg, accelerator, frozen, frozen, load_model(str(tiny_model_dir))[1], None)
+    assert engine.model.dtype == torch.bfloat16 and planner.model.dtype == frozen.dtype == torch.float32
+
+
 def test_kinds_give_every_step_as_many_questions_of_each_kind_and_walk_through_each_kind():
     # --kinds (the planning suite's four): 2 of each kind in every step of 8, no question again before
     # its kind's pool is used up; without --kinds the one shuffle of all questions, as before.
@@ -313,6 +345,7 @@ def test_two_processes_keep_identical_parameters(tiny_model_dir, tmp_path):
     (["--tool-temperature", "-1"], "--tool-temperature"),
     (["--credit", "first"], "choose broadcast or last"),
     (["--warmup-steps", "-1"], "--warmup-steps"),
+    (["--frozen-dtype", "fp16"], "choose auto, fp32 or bf16"),
 ])
 def test_bad_settings_fail_before_any_work_with_what_to_change(args, words):
     res = subprocess.run([sys.executable, "train.py", "--model", "/nonexistent", *args], cwd=ROOT,
