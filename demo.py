@@ -128,8 +128,9 @@ def learning_curve(metrics_path: Path, untrained: Path, trained: Path, questions
     """A training run's greedy test accuracy on its eval_n `questions`, [(step, accuracy)]: the steps in
     between from train.py's metrics, step 0 and the last step from the evaluations of the untrained and
     the trained planner (rows 2 and 8) on those questions, among the demo's. Both are the greedy rollout
-    that train.py would run there, so the demo runs it once (train.py --no-eval-ends; at 1e95ae5 the two
-    gave the same answers). The ends are left out where their evaluation is missing."""
+    that train.py would run there, so the demo runs it once (train.py --no-eval-ends; in the two demos
+    before this one the two gave the same accuracy). An end is left out where its evaluation is missing
+    or lacks one of the questions."""
     lines = [json.loads(line) for line in metrics_path.read_text().splitlines()]
     middle = [(m["step"], m["test_accuracy"]) for m in lines if "test_accuracy" in m]
     ends = []
@@ -249,7 +250,7 @@ def main(argv=None):
     common = ["evaluate.py", "--data", args.data, "--n", str(args.n), "--seed", str(args.seed)]
     model = ["--model", args.model]
     logs = out / "logs"  # with several workers: each job's output
-    eval_n = min(args.n, preset["eval_n"])  # the training runs' test questions: the first of the demo's
+    eval_n = min(args.n, preset["eval_n"])  # the training runs' test questions, all among the demo's n
     rows = []  # (name in the plot, output folder), in the table's order: the trained agent last
 
     def evaluation(name, folder, extra):
