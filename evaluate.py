@@ -379,9 +379,10 @@ def main(argv=None):
         planner = FixedPlan(cfg.fixed_tool, offered=cfg.tool_names())
     elif cfg.oracle:
         planner = OraclePlan(examples, cfg.oracle, offered=cfg.tool_names())
+    local = isinstance(getattr(frozen, "model", None), torch.nn.Module)  # not a --frozen-engine server
+    frozen_dtype = str(frozen.model.dtype).removeprefix("torch.") if local else ""
     print(f"models loaded in {time.perf_counter() - t0:.1f} s on {device} in {str(dtype).removeprefix('torch.')}"
-          + (f", the frozen modules in {str(frozen.model.dtype).removeprefix('torch.')}" if frozen is not planner and hasattr(frozen, "model") else ""),
-          file=sys.stderr)
+          + (f", the frozen modules in {frozen_dtype}" if frozen is not planner and local else ""), file=sys.stderr)
 
     # 3. Run, writing each record as soon as its batch is scored (a crash keeps what was done).
     out = Path(cfg.out)
@@ -401,7 +402,7 @@ def main(argv=None):
     summary = summarize(records, seconds=seconds, skipped_rows=report.get("skipped", 0), label=cfg.label, mode=cfg.mode, data=cfg.data, split=cfg.split,
                         model=cfg.model if not cfg.checkpoint else "", checkpoint=cfg.checkpoint,
                         frozen_model=cfg.frozen_model or cfg.model, device=device, dtype=str(dtype).removeprefix("torch."),
-                        frozen_dtype=str(frozen.model.dtype).removeprefix("torch.") if hasattr(frozen, "model") else "", scorer="judge" if cfg.judge else "rule",
+                        frozen_dtype=frozen_dtype, scorer="judge" if cfg.judge else "rule",
                         tokens_generated=planner.tokens_generated + (frozen.tokens_generated if frozen is not planner else 0),
                         sizes=args.sizes_source, speedups=fast, config=asdict(cfg))
     (out / "summary.json").write_text(json.dumps(summary, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
