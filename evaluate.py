@@ -288,8 +288,8 @@ def parse_args(argv=None) -> tuple[EvalConfig, argparse.Namespace]:
     if cfg.device not in ("auto", "cpu", "cuda") and not cfg.device.startswith("cuda:"):
         parser.error(f"--device must be auto, cpu or cuda, got {cfg.device!r}")
     for name in ("dtype", "frozen_dtype"):
-        if getattr(cfg, name) not in ("auto", "fp32", "bf16"):
-            parser.error(f"--{name.replace('_', '-')} must be auto, fp32 or bf16, got {getattr(cfg, name)!r}")
+        if getattr(cfg, name) not in ("auto", *DTYPES):
+            parser.error(f"--{name.replace('_', '-')} must be auto, {' or '.join(DTYPES)}, got {getattr(cfg, name)!r}")
     if not cfg.out:
         parser.error("--out DIR is required: the folder for summary.json, results.jsonl and trajectories.html")
     try:
@@ -380,9 +380,9 @@ def main(argv=None):
     elif cfg.oracle:
         planner = OraclePlan(examples, cfg.oracle, offered=cfg.tool_names())
     local = isinstance(getattr(frozen, "model", None), torch.nn.Module)  # not a --frozen-engine server
-    frozen_dtype = str(frozen.model.dtype).removeprefix("torch.") if local else ""
+    frozen_dtype_name = str(frozen.model.dtype).removeprefix("torch.") if local else ""
     print(f"models loaded in {time.perf_counter() - t0:.1f} s on {device} in {str(dtype).removeprefix('torch.')}"
-          + (f", the frozen modules in {frozen_dtype}" if frozen is not planner and local else ""), file=sys.stderr)
+          + (f", the frozen modules in {frozen_dtype_name}" if frozen is not planner and local else ""), file=sys.stderr)
 
     # 3. Run, writing each record as soon as its batch is scored (a crash keeps what was done).
     out = Path(cfg.out)
@@ -402,7 +402,7 @@ def main(argv=None):
     summary = summarize(records, seconds=seconds, skipped_rows=report.get("skipped", 0), label=cfg.label, mode=cfg.mode, data=cfg.data, split=cfg.split,
                         model=cfg.model if not cfg.checkpoint else "", checkpoint=cfg.checkpoint,
                         frozen_model=cfg.frozen_model or cfg.model, device=device, dtype=str(dtype).removeprefix("torch."),
-                        frozen_dtype=frozen_dtype, scorer="judge" if cfg.judge else "rule",
+                        frozen_dtype=frozen_dtype_name, scorer="judge" if cfg.judge else "rule",
                         tokens_generated=planner.tokens_generated + (frozen.tokens_generated if frozen is not planner else 0),
                         sizes=args.sizes_source, speedups=fast, config=asdict(cfg))
     (out / "summary.json").write_text(json.dumps(summary, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")

@@ -245,9 +245,10 @@ def make_engines(cfg, accelerator, policy, frozen, tokenizer, remote):
     # With --frozen-engine the executor, verifier, generator and Base_Generator run on a server, with
     # --frozen-dtype on a copy in that dtype; the local frozen copy then serves as the KL reference pi_ref
     # (and the frozen bottom) only.
-    with distributed.load_on_every_rank():  # a --frozen-dtype copy is never wrapped either: real weights on every rank
-        modules_model = None if remote else frozen_modules_model(cfg.model, frozen, cfg.frozen_dtype)
-    frozen_engine = remote or Engine(modules_model, tokenizer, max_batch=cfg.max_batch)
+    frozen_engine = remote
+    if not remote:
+        with distributed.load_on_every_rank():  # a --frozen-dtype copy is never wrapped either: real weights on every rank
+            frozen_engine = Engine(frozen_modules_model(cfg.model, frozen, cfg.frozen_dtype), tokenizer, max_batch=cfg.max_batch)
     # The shared-prompt update makes two forward calls before one backward: one process only. Under
     # --train-layers it runs the frozen layers below once a step (speedups/frozen_bottom.py).
     path = (RowPath(speedups.micro_batches, speedups.update_forward(frozen, cfg.train_layers))

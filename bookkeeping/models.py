@@ -98,9 +98,8 @@ def frozen_modules_model(name: str, frozen, frozen_dtype: str = "auto"):
     dtype), else a copy of `name` loaded in that dtype on frozen's device. The executor and generator
     are most of a rollout's prefill, and bf16 weights run a CPU's matmuls 2.4x faster than fp32 where
     it has avx512_bf16 (README, "The CPU demo"); `frozen` stays what the KL reference and the frozen
-    layers below --train-layers are computed with."""
-    if frozen_dtype not in ("auto", *DTYPES):
-        raise ValueError(f"--frozen-dtype must be auto, {' or '.join(DTYPES)}, got {frozen_dtype!r}")
+    layers below --train-layers are computed with. `frozen_dtype` is "auto" or a key of DTYPES
+    (train.py's and evaluate.py's argument checks)."""
     if frozen_dtype == "auto" or DTYPES[frozen_dtype] == frozen.dtype:
         return frozen
     return load_model(name, dtype=DTYPES[frozen_dtype], device=frozen.device)[0]
