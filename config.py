@@ -92,11 +92,12 @@ PRESETS = {
     # temperature 0.5 (the sub-goal's; the tool is drawn at tool_temperature): at 0.7 the sampled
     # sub-goals before Python_Coder were mostly made-up sums ("21 + 2000"), so Fact_Lookup then
     # Python_Coder rarely paid on fact-then-sum in training although it pays greedily (README).
-    # frozen_dtype bf16: the executor and the generator, half of a rollout's time, on bf16 weights (2.4x
-    # the fp32 matmuls of a CPU with avx512_bf16; a rollout step 67 -> 48 s on one thread, the untrained
-    # planner and the oracle planner score what they did in fp32: README); the planner stays fp32.
+    # frozen_dtype bf16-if-native: the executor and the generator, half of a rollout's time, on bf16 weights
+    # where the CPU has bf16 instructions (2.4x the fp32 matmuls with avx512_bf16; a rollout step 67 -> 48 s
+    # on one thread, the untrained planner and the oracle planner score what they did in fp32: README);
+    # on a CPU without them bf16 is 6x slower than fp32, so they stay fp32. The planner is always fp32.
     "cpu-plan": dict(model=EMBEDDED, data="planning", tools="Fact_Lookup,Python_Coder,Done", tool_temperature=1.0,
-                     calibrate_tools=True, frozen_dtype="bf16",
+                     calibrate_tools=True, frozen_dtype="bf16-if-native",
                      kinds="calculation,calculation,fact,fact-then-sum,two-hop,two-hop", group_size=6,
                      questions_per_step=6, mini_batch_questions=6, max_turns=2, verify=False, analysis_tokens=0,
                      planner_tokens=16, executor_tokens=24, verifier_tokens=6, generator_tokens=12, memory_chars=500,

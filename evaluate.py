@@ -63,7 +63,7 @@ from scaleout import remote_engine
 from environment import scoring, tasks
 from bookkeeping.cli import SIZES, add_arguments, describe_sizes, machine_sizes, set_sandbox
 from bookkeeping.metrics import rollout_stats
-from bookkeeping.models import DTYPES, EMBEDDED, load_model
+from bookkeeping.models import DTYPES, EMBEDDED, FROZEN_DTYPES, frozen_dtype_of, load_model
 import speedups  # the engine: speedups.FastEngine where it applies, else engine.HFEngine
 from rollout import RolloutConfig, Trajectory, arg, rollout
 from bookkeeping.report import compare, trajectory_json, wilson, write_html
@@ -287,9 +287,10 @@ def parse_args(argv=None) -> tuple[EvalConfig, argparse.Namespace]:
         parser.error(f"--mode must be agent or direct, got {cfg.mode!r}")
     if cfg.device not in ("auto", "cpu", "cuda") and not cfg.device.startswith("cuda:"):
         parser.error(f"--device must be auto, cpu or cuda, got {cfg.device!r}")
-    for name in ("dtype", "frozen_dtype"):
-        if getattr(cfg, name) not in ("auto", *DTYPES):
-            parser.error(f"--{name.replace('_', '-')} must be auto, {' or '.join(DTYPES)}, got {getattr(cfg, name)!r}")
+    if cfg.dtype not in ("auto", *DTYPES):
+        parser.error(f"--dtype must be auto, {' or '.join(DTYPES)}, got {cfg.dtype!r}")
+    if cfg.frozen_dtype not in FROZEN_DTYPES:
+        parser.error(f"--frozen-dtype must be {', '.join(FROZEN_DTYPES)}, got {cfg.frozen_dtype!r}")
     if not cfg.out:
         parser.error("--out DIR is required: the folder for summary.json, results.jsonl and trajectories.html")
     try:
@@ -366,7 +367,7 @@ def main(argv=None):
     fast, line = speedups.choose(cfg.speedups, model)
     print(line, flush=True)
     planner = frozen = speedups.engine(model, tokenizer, fast, max_batch=cfg.max_batch)
-    frozen_dtype = DTYPES.get(cfg.frozen_dtype, dtype)  # --frozen-dtype: the frozen modules' own, else --dtype's
+    frozen_dtype = DTYPES.get(frozen_dtype_of(cfg.frozen_dtype, device), dtype)  # the frozen modules' own, else --dtype's
     if cfg.frozen_engine and (cfg.mode == "agent" or cfg.judge):
         try:
             frozen = remote_engine.from_url(cfg.frozen_engine)

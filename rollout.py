@@ -71,7 +71,8 @@ class RolloutConfig:
     frozen_dtype: str = arg("auto", "weights of the frozen modules' engine (executor, verifier, generator, Base_Generator): "
                                     "auto = the frozen model's own (train.py: bf16 under Accelerate's bf16, else fp32; "
                                     "evaluate.py: --dtype's), fp32 or bf16 (a second copy, in that dtype; the planner, the "
-                                    "KL reference and the layers below --train-layers keep theirs)")
+                                    "KL reference and the layers below --train-layers keep theirs), bf16-if-native "
+                                    "(bf16 on a GPU or a CPU with bf16 instructions, avx512_bf16 or amx_bf16; else auto)")
     tools: str = arg(",".join(OFFLINE_TOOLS), "tools the planner may choose from, comma-separated")
     sandbox: str = arg("", "Python_Coder's isolation: auto (namespaces where the kernel allows, else one line says "
                            "so), strict (refuse to run without), off (a plain subprocess); '' = $AGENTFLOW_SANDBOX, else auto")

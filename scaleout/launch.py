@@ -33,7 +33,7 @@ from tqdm import tqdm
 from bookkeeping import checkpoint
 from bookkeeping.cli import set_sandbox
 from bookkeeping.metrics import console_line
-from bookkeeping.models import DTYPES, load_model, train_top_layers
+from bookkeeping.models import FROZEN_DTYPES, load_model, train_top_layers
 from bookkeeping.report import format_trajectory
 from config import Config
 from environment import scoring, tasks
@@ -56,7 +56,7 @@ def validate(cfg: Config, world: int = 1):
         (cfg.kl_kind in KL_KINDS, f"--kl-kind {cfg.kl_kind!r}: choose from {', '.join(KL_KINDS)}"),
         (cfg.credit in ("broadcast", "last"), f"--credit {cfg.credit!r}: choose broadcast or last"),
         (cfg.old_logprobs in ("sample", "recompute"), "--old-logprobs must be 'sample' or 'recompute'"),
-        (cfg.frozen_dtype in ("auto", *DTYPES), f"--frozen-dtype {cfg.frozen_dtype!r}: choose auto, {' or '.join(DTYPES)}"),
+        (cfg.frozen_dtype in FROZEN_DTYPES, f"--frozen-dtype {cfg.frozen_dtype!r}: choose {', '.join(FROZEN_DTYPES)}"),
         (cfg.mini_batch_questions >= 1 and cfg.questions_per_step % cfg.mini_batch_questions == 0,
          f"--questions-per-step {cfg.questions_per_step} must be a multiple of --mini-batch-questions {cfg.mini_batch_questions}"),
         (cfg.mini_batch_questions % world == 0,

@@ -203,6 +203,23 @@ def test_frozen_dtype_runs_the_frozen_modules_on_a_copy_and_leaves_the_reference
     assert engine.model.dtype == torch.bfloat16 and planner.model.dtype == frozen.dtype == torch.float32
 
 
+@pytest.mark.parametrize("native", [True, False])
+def test_bf16_if_native_is_bf16_only_where_the_cpu_has_bf16_instructions(tiny_model_dir, monkeypatch, native):
+    """The cpu-plan preset's --frozen-dtype: bf16 on a CPU with avx512_bf16 (or amx_bf16, arm64's bf16),
+    the frozen model itself where bf16 would run through fp32 conversions (6x slower on an AVX2 CPU)."""
+    from bookkeeping import models
+    from config import PRESETS
+    assert PRESETS["cpu-plan"]["frozen_dtype"] == "bf16-if-native"
+    caps = {"avx2": True, "avx512_bf16": native, "amx_bf16": False}
+    monkeypatch.setattr(torch.cpu, "get_capabilities", lambda: caps)
+    assert models.native_bf16("cpu") is native and models.native_bf16("cuda") is True
+    assert models.frozen_dtype_of("bf16-if-native", "cpu") == ("bf16" if native else "auto")
+    assert models.frozen_dtype_of("bf16", "cpu") == "bf16"  # asked for by name: what was asked
+    frozen, _ = models.load_model(str(tiny_model_dir))
+    model = models.frozen_modules_model(str(tiny_model_dir), frozen, "bf16-if-native")
+    assert (model is not frozen and model.dtype == torch.bfloat16) if native else model is frozen
+
+
 def test_kinds_give_every_step_as_many_questions_of_each_kind_and_walk_through_each_kind():
     # --kinds (the planning suite's four): 2 of each kind in every step of 8, no question again before
     # its kind's pool is used up; without --kinds the one shuffle of all questions, as before.
@@ -345,7 +362,7 @@ def test_two_processes_keep_identical_parameters(tiny_model_dir, tmp_path):
     (["--tool-temperature", "-1"], "--tool-temperature"),
     (["--credit", "first"], "choose broadcast or last"),
     (["--warmup-steps", "-1"], "--warmup-steps"),
-    (["--frozen-dtype", "fp16"], "choose auto, fp32 or bf16"),
+    (["--frozen-dtype", "fp16"], "choose auto, fp32, bf16, bf16-if-native"),
 ])
 def test_bad_settings_fail_before_any_work_with_what_to_change(args, words):
     res = subprocess.run([sys.executable, "train.py", "--model", "/nonexistent", *args], cwd=ROOT,
