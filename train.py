@@ -29,8 +29,8 @@ Simplifications vs. the paper / the official code (see flow_grpo.py for the obje
   uninterrupted run would have.
 - Precision, device and process count come from the Accelerate launcher and its config files
   (`accelerate launch --mixed_precision bf16 ...`); the frozen copy is held in bf16 when it says bf16.
-  `--frozen-dtype bf16` runs the frozen modules on a bf16 copy of their own whatever the launcher
-  says (the cpu-plan preset: a CPU with avx512_bf16 runs them faster); the planner keeps its precision.
+  `--frozen-dtype bf16` runs the frozen modules on a bf16 copy whatever the launcher says (the cpu-plan
+  preset's bf16-if-native: only where the CPU has bf16 instructions); the planner keeps its precision.
 
 Shapes (as in flow_grpo.py): N trajectories, G group size, B turn-rows of a micro-batch, L row width
 (prompt + response), R response tokens, V vocabulary.
