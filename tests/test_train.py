@@ -365,7 +365,15 @@ def test_two_processes_keep_identical_parameters(tiny_model_dir, tmp_path):
     (["--frozen-dtype", "fp16"], "choose auto, fp32, bf16, bf16-if-native"),
 ])
 def test_bad_settings_fail_before_any_work_with_what_to_change(args, words):
-    res = subprocess.run([sys.executable, "train.py", "--model", "/nonexistent", *args], cwd=ROOT,
+    # In process: main() raises SystemExit with the message before it loads anything (the model
+    # does not exist). The command line's exit status and last line are pinned once, below.
+    with pytest.raises(SystemExit) as e:
+        train.main(["--model", "/nonexistent", *args])
+    assert str(e.value.code).startswith("train.py: ") and words in str(e.value.code)
+
+
+def test_a_bad_setting_exits_non_zero_with_what_to_change_as_the_last_line():
+    res = subprocess.run([sys.executable, "train.py", "--model", "/nonexistent", "--group-size", "1"], cwd=ROOT,
                          capture_output=True, text=True, timeout=120)
     assert res.returncode != 0
-    assert words in res.stderr.strip().splitlines()[-1]
+    assert "G must be >= 2" in res.stderr.strip().splitlines()[-1]
