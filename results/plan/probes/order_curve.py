@@ -25,10 +25,9 @@ for label, (name, color) in runs.items():
     paid.plot(steps, [r["reward_by_kind"][KIND] for r in rows], color=color, label=f"{label}, sampled in training")
     first.plot(steps, [sum(v for k, v in p.items() if k.startswith("Python_Coder")) / m for p, m in zip(plans, n)],
                color=color, label=label)
-    greedy = {0: 0.0}  # the untrained planner: Fact_Lookup first on all 20 (history.md)
-    for step in (12, 24):
-        summary = plan / f"eval-0938973-order-step{step}-greedy-{name}.summary.json"
-        greedy[step] = json.loads(summary.read_text())["accuracy"]
+    summaries = {0: "untrained-greedy", 12: f"step12-greedy-{name}", 24: f"step24-greedy-{name}"}
+    greedy = {step: json.loads((plan / f"eval-0938973-order-{s}.summary.json").read_text())["accuracy"]
+              for step, s in summaries.items()}
     paid.plot(list(greedy), list(greedy.values()), "o--", color=color, label=f"{label}, greedy on 20 test questions")
 paid.set(xlabel="step", ylabel="share right", title=f"{KIND}: right answers", ylim=(-0.03, 1))
 first.set(xlabel="step", ylabel="share", title=f"{KIND}: trajectories that start with Python_Coder", ylim=(0, 1))
@@ -37,4 +36,4 @@ first.legend(fontsize=7)
 fig.tight_layout()
 out = plan / "curve-order-broadcast-vs-last.png"
 fig.savefig(out, dpi=110)
-print("wrote", out.relative_to(Path.cwd()) if out.is_relative_to(Path.cwd()) else out, file=sys.stderr)
+print("wrote", out, file=sys.stderr)
