@@ -10,10 +10,19 @@ other processes also use, two threads that each wait for the other at every oper
 suite's slowest test 10x slower (a warm-up step: 1.46 s with two threads, 0.11 s with one, on a
 2-core machine with a load average of 4). With one thread the suite takes the same time alone or
 beside a busy loop, and sums are reduced in one order.
+
+run_main runs a script's command line in the test's own process (its main(argv)), for the tests that
+check what a command does rather than how a new process starts or ends: a new interpreter spends
+4-5 s importing torch and transformers before it does anything. tests/test_cli.py starts every script
+as a command, and the tests of exit statuses and one-line errors keep their subprocesses.
 """
 
+import contextlib
+import importlib
 import importlib.util
+import io
 import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -64,3 +73,37 @@ def tiny_engine(tokenizer):
     from engine import HFEngine
 
     return HFEngine(make_tiny_model(len(tokenizer)), tokenizer)
+
+
+def set_environment(values: dict) -> None:
+    """Set each key to its value, or unset it where the value is None."""
+    for key, value in values.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = str(value)
+
+
+def run_main(script: str, *args, cwd=ROOT, env=None) -> subprocess.CompletedProcess:
+    """`python script args` run in this process, as demo.py runs its commands: the script's main(argv),
+    which parses its arguments and seeds torch itself, in `cwd`, with `env` over the environment (a None
+    value unsets), its output captured. Returns what subprocess.run would: a SystemExit's code as the
+    return code (1 for a message, which goes to stderr). Any other exception propagates, traceback and all."""
+    module = importlib.import_module(script.removesuffix(".py").replace("/", "."))
+    env = dict(env or {})
+    saved, here = {key: os.environ.get(key) for key in env}, os.getcwd()
+    out, err, code = io.StringIO(), io.StringIO(), 0
+    try:
+        set_environment(env)
+        os.chdir(cwd)
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                module.main([str(a) for a in args])
+            except SystemExit as e:
+                code = e.code if isinstance(e.code, int) else int(e.code is not None)
+                if isinstance(e.code, str):
+                    print(e.code, file=sys.stderr)
+    finally:
+        os.chdir(here)
+        set_environment(saved)
+    return subprocess.CompletedProcess([script, *map(str, args)], code, out.getvalue(), err.getvalue())

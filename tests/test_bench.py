@@ -11,7 +11,7 @@ import math
 import subprocess
 import sys
 
-from conftest import ROOT
+from conftest import ROOT, run_main
 
 REQUIRED = ("rollout_vs_generate", "rollout_batched_speedup", "update_vs_plain", "pad_fraction", "peak_rss_gb",
             "matmul_gflops", "update_gflops", "model_copies", "rollout_tok_s", "replay_tok_s", "one_by_one_s",
@@ -59,7 +59,7 @@ def test_bench_measures_the_frozen_bottom_where_layers_are_frozen(tiny_model_dir
 
 
 def test_bench_rejects_a_group_of_one_before_loading_anything(tmp_path):
-    proc = run_bench(["--group-size", "1", "--out", str(tmp_path / "b.json")])
+    proc = run_main("bench.py", "--group-size", "1", "--out", tmp_path / "b.json")
     assert proc.returncode == 2
     assert "--group-size 1: must be >= 2" in proc.stderr
     assert not (tmp_path / "b.json").exists()

@@ -4,11 +4,9 @@ PNG and the training speed.  Run: python -m pytest -q tests/test_demo.py
 """
 
 import json
-import subprocess
-import sys
 
 import demo
-from conftest import ROOT
+from conftest import run_main
 from environment import tasks
 
 
@@ -39,9 +37,7 @@ def test_demo_writes_the_table_the_learning_curve_and_the_trajectories_before_an
     the last-turn-credit ablation beside the trained agent; and the G trajectories of a multi-step
     question of each kind, untrained and trained."""
     out = tmp_path / "demo"
-    res = subprocess.run([sys.executable, "demo.py", "--model", str(tiny_model_dir), "--n", "5", "--steps", "1",
-                          "--out", str(out)],
-                         cwd=ROOT, capture_output=True, text=True, timeout=900)
+    res = run_main("demo.py", "--model", tiny_model_dir, "--n", "5", "--steps", "1", "--out", out)
     assert res.returncode == 0, res.stderr[-3000:]
     entries = json.loads((out / "results.json").read_text())
     fixed = {demo.FIXED + " then ".join(plan) for plan in demo.fixed_plans(["Python_Coder", "Fact_Lookup"], 2)}

@@ -22,15 +22,16 @@ from engine import Generation
 from rollout import RolloutConfig, rollout
 from tools import Toolbox
 
-from conftest import ROOT
+from conftest import ROOT, run_main
 
-# Small budgets keep a subprocess run to a few seconds with the tiny model.
+# Small budgets keep a command line run to a few seconds with the tiny model.
 FAST = ["--max-turns", "1", "--analysis-tokens", "8", "--planner-tokens", "16", "--executor-tokens", "16",
         "--verifier-tokens", "4", "--generator-tokens", "8"]
 
 
 def run_cli(*args):
-    return subprocess.run([sys.executable, "evaluate.py", *map(str, args)], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    """evaluate.py's command line in this process (conftest.run_main)."""
+    return run_main("evaluate.py", *args)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -338,7 +339,8 @@ def test_bad_inputs_exit_with_a_message_that_says_what_to_change(tiny_model_dir,
 
 
 def test_missing_data_file_is_one_line_on_stderr_without_a_traceback(tmp_path):
-    proc = run_cli("--data", tmp_path / "missing.jsonl", "--out", tmp_path / "o")
+    proc = subprocess.run([sys.executable, "evaluate.py", "--data", str(tmp_path / "missing.jsonl"), "--out", str(tmp_path / "o")],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert proc.returncode != 0
     assert "missing.jsonl" in proc.stderr and "Traceback" not in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1

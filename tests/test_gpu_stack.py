@@ -25,7 +25,7 @@ import torch
 from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
 
 import train
-from conftest import ROOT
+from conftest import ROOT, run_main
 from engine import HFEngine, encode_chat
 from scaleout import sizing
 from speedups import prefill, shared_prompt
@@ -147,9 +147,7 @@ def test_the_estimate_under_autocast_adds_fp32_residuals_bf16_weight_copies_and_
 
 
 def test_dry_run_without_the_launcher_says_it_assumed_fp32():
-    env = {k: v for k, v in ENV.items() if k != "ACCELERATE_MIXED_PRECISION"}
-    res = subprocess.run([sys.executable, "train.py", "--preset", "gpu-24gb", "--dry-run"], cwd=ROOT, env=env,
-                         capture_output=True, text=True, timeout=120)
+    res = run_main("train.py", "--preset", "gpu-24gb", "--dry-run", env={"ACCELERATE_MIXED_PRECISION": None})
     assert res.returncode == 0, res.stderr[-2000:]
     assert "mixed precision: fp32 assumed (no launcher" in res.stdout
     assert "ACCELERATE_MIXED_PRECISION=bf16" in res.stdout

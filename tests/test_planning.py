@@ -7,8 +7,6 @@ Run: python -m pytest -q tests/test_planning.py
 import itertools
 import json
 import re
-import subprocess
-import sys
 from collections import Counter
 
 import pytest
@@ -24,14 +22,15 @@ from bookkeeping.report import format_trajectory
 from rollout import RolloutConfig, rollout
 from tools import TOOLS, Toolbox
 
-from conftest import ROOT
+from conftest import run_main
 
 FAST = ["--max-turns", "2", "--analysis-tokens", "0", "--planner-tokens", "8", "--executor-tokens", "8",
         "--verifier-tokens", "4", "--generator-tokens", "8"]
 
 
 def run_cli(*args):
-    return subprocess.run([sys.executable, "evaluate.py", *map(str, args)], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    """evaluate.py's command line in this process (conftest.run_main)."""
+    return run_main("evaluate.py", *args)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -362,10 +361,8 @@ def test_tool_choice_reads_the_planner_probabilities_and_the_routing_margin(toke
 
 
 def test_tool_choice_command_prints_a_table_and_margins(tiny_model_dir):
-    res = subprocess.run([sys.executable, "-m", "bookkeeping.tool_choice", "--model", str(tiny_model_dir), "--n", "1"],
-                         cwd=ROOT, capture_output=True, text=True, timeout=300)
+    res = run_main("bookkeeping/tool_choice.py", "--model", tiny_model_dir, "--n", "1")
     assert res.returncode == 0, res.stderr[-2000:]
     assert "Fact_Lookup first" in res.stdout and "routing margin Python_Coder" in res.stdout
-    bad = subprocess.run([sys.executable, "-m", "bookkeeping.tool_choice", "--tools", "Python_Coder,Nope", "--n", "1"],
-                         cwd=ROOT, capture_output=True, text=True, timeout=300)
+    bad = run_main("bookkeeping/tool_choice.py", "--tools", "Python_Coder,Nope", "--n", "1")
     assert bad.returncode == 2 and "Nope" in bad.stderr

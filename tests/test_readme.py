@@ -6,7 +6,9 @@ to the repository's files, as if it were the repository (the evaluation of runs/
 needs the training run that makes it, and nothing is written into the repository), each with the changes of
 its rule in RULES: the tiny random-weight model for the embedded one, 2 questions for 50, one or two
 training steps for twenty. A command that no rule knows fails the test: add a rule, or the reason it
-cannot run here, when you add a command to the README.
+cannot run here, when you add a command to the README. The scripts with a main(argv) run in this
+process (conftest.run_main: the same main, without a new interpreter's imports); the modules run
+with -m start a process each, as written.
 
 Run: python -m pytest -q tests/test_readme.py
 """
@@ -19,7 +21,7 @@ import sys
 
 import pytest
 
-from conftest import ROOT
+from conftest import ROOT, run_main
 
 README = (ROOT / "README.md").read_text(encoding="utf-8")
 # The README's "to train alone" command: the --checkpoint and --resume commands build on its run.
@@ -134,8 +136,11 @@ def test_every_readme_command_runs_shortened(tiny_model_dir, tmp_path):
             if isinstance(todo, str):
                 skipped.append((" ".join(argv), todo))
                 continue
-            res = subprocess.run([sys.executable, *todo], cwd=tmp_path, env={**env, **extra}, capture_output=True,
-                                 text=True, timeout=300)
+            if todo[0].endswith(".py"):
+                res = run_main(todo[0], *todo[1:], cwd=tmp_path, env=extra)
+            else:
+                res = subprocess.run([sys.executable, *todo], cwd=tmp_path, env={**env, **extra}, capture_output=True,
+                                     text=True, timeout=300)
             assert res.returncode == 0, f"README: {command}\nran: {' '.join(todo)}\n{res.stderr[-3000:]}"
             ran.append(" ".join(todo))
     assert len(ran) >= 12, (ran, skipped)  # the CPU commands ran, not only the skipped ones

@@ -381,20 +381,18 @@ def test_rollout_with_local_planner_and_remote_frozen_modules_completes(tiny_eng
 
 def test_train_and_evaluate_route_the_frozen_modules_to_the_server(server_engine, tiny_model_dir, tmp_path):
     """--frozen-engine: the planner stays the local trainable model; every frozen call goes over HTTP."""
-    from conftest import ROOT
+    from conftest import ROOT, run_main
     from test_train import TINY
 
     with serve(tiny_reply(server_engine, delay=lambda body: 0)) as (fake, url):
-        res = subprocess.run([sys.executable, "train.py", *TINY, "--model", str(tiny_model_dir), "--out", str(tmp_path / "run"),
-                              "--steps", "1", "--max-turns", "1", "--frozen-engine", url], cwd=ROOT,
-                             capture_output=True, text=True, timeout=300)
+        res = run_main("train.py", *TINY, "--model", tiny_model_dir, "--out", tmp_path / "run", "--steps", "1",
+                       "--max-turns", "1", "--frozen-engine", url)
         assert res.returncode == 0, res.stderr[-3000:]
         after_train = len(fake.posts())
         assert after_train >= 4  # at least the generator call of each of the 4 trajectories
-        res = subprocess.run([sys.executable, "evaluate.py", "--data", "arithmetic", "--n", "2", "--model", str(tiny_model_dir),
-                              "--max-turns", "1", "--analysis-tokens", "0", "--planner-tokens", "4", "--executor-tokens", "4",
-                              "--generator-tokens", "4", "--out", str(tmp_path / "eval"), "--frozen-engine", url],
-                             cwd=ROOT, capture_output=True, text=True, timeout=300)
+        res = run_main("evaluate.py", "--data", "arithmetic", "--n", "2", "--model", tiny_model_dir, "--max-turns", "1",
+                       "--analysis-tokens", "0", "--planner-tokens", "4", "--executor-tokens", "4", "--generator-tokens", "4",
+                       "--out", tmp_path / "eval", "--frozen-engine", url)
         assert res.returncode == 0, res.stderr[-3000:]
         assert len(fake.posts()) >= after_train + 2
     res = subprocess.run([sys.executable, "train.py", *TINY, "--model", str(tiny_model_dir), "--out", str(tmp_path / "x"),

@@ -21,7 +21,7 @@ from accelerate import Accelerator
 
 from bookkeeping import checkpoint
 import tools
-from conftest import ROOT, make_tiny_model
+from conftest import ROOT, make_tiny_model, run_main
 from bookkeeping.metrics import rollout_stats
 from rollout import RolloutConfig, rollout
 from test_rollout import ScriptedEngine
@@ -130,8 +130,8 @@ def test_a_bad_data_file_stops_train_with_file_and_line_or_is_skipped_and_counte
                                     "--steps", "1"), cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert res.returncode != 0
     assert f"{data}:2:" in _last_line(res) and "--skip-bad-rows" in _last_line(res)
-    res = subprocess.run(_train_cmd("--model", str(tiny_model_dir), "--data", str(data), "--out", str(tmp_path / "b"),
-                                    "--steps", "1", "--skip-bad-rows"), cwd=ROOT, capture_output=True, text=True, timeout=300)
+    res = run_main("train.py", *TINY, "--model", tiny_model_dir, "--data", data, "--out", tmp_path / "b", "--steps", "1",
+                   "--skip-bad-rows")
     assert res.returncode == 0, res.stderr[-2000:]
     assert "skipped 2 bad rows" in res.stderr
 
@@ -155,8 +155,7 @@ def test_a_missing_model_or_one_without_chat_template_fails_in_one_line(tiny_mod
 
 def test_an_incomplete_checkpoint_is_refused_with_what_is_missing(tiny_model_dir, tmp_path):
     run = tmp_path / "run"
-    res = subprocess.run(_train_cmd("--model", str(tiny_model_dir), "--out", str(run), "--steps", "1", "--checkpoint-every", "1"),
-                         cwd=ROOT, capture_output=True, text=True, timeout=300)
+    res = run_main("train.py", *TINY, "--model", tiny_model_dir, "--out", run, "--steps", "1", "--checkpoint-every", "1")
     assert res.returncode == 0, res.stderr[-2000:]
     step = run / "checkpoints" / "step-000001"
     (step / "optimizer.pt").unlink()

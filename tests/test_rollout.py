@@ -3,8 +3,6 @@
 Run: python -m pytest -q tests/test_rollout.py
 """
 
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -17,7 +15,7 @@ from bookkeeping.report import format_trajectory
 from rollout import RolloutConfig, rollout
 from tools import Toolbox
 
-from conftest import ROOT
+from conftest import run_main
 
 
 def test_batched_rollout_records_exact_tokens_and_logprobs(tiny_engine):
@@ -126,10 +124,7 @@ def test_a_planner_that_never_names_a_tool_still_ends_with_an_answer_and_is_coun
 
 
 def test_ask_cli_prints_the_trajectory(tiny_model_dir):
-    out = subprocess.run(
-        [sys.executable, "ask.py", "--question", "What is 4821 * 37?", "--model", str(tiny_model_dir), "--max-turns", "1"],
-        cwd=ROOT, capture_output=True, text=True, timeout=300,
-    )
+    out = run_main("ask.py", "--question", "What is 4821 * 37?", "--model", tiny_model_dir, "--max-turns", "1")
     assert out.returncode == 0, out.stderr[-2000:]
     assert "QUESTION: What is 4821 * 37?" in out.stdout and "turn 1" in out.stdout and "ANSWER" in out.stdout
     assert "sizes (cpu, --sizes auto): max_turns 1," in out.stdout  # the CPU's sizes, the flag's max_turns on top

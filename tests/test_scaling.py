@@ -6,15 +6,12 @@ under FSDP (train.py accumulates without no_sync there), sizes in GiB; the one-G
 Run: python -m pytest -q tests/test_scaling.py
 """
 
-import os
-import subprocess
-import sys
 
 import pytest
 from accelerate.commands.config.config_args import ClusterConfig
 
 from scaleout import sizing
-from conftest import ROOT, make_tiny_model
+from conftest import ROOT, make_tiny_model, run_main
 
 
 @pytest.mark.parametrize("name, kind, procs", [
@@ -27,9 +24,7 @@ def test_accelerate_config_files_parse(name, kind, procs):
 
 def test_paper_dry_run_prints_config_and_memory_estimate_offline():
     # accelerate launch exports the precision it was given; the dry run estimates for that precision.
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "ACCELERATE_MIXED_PRECISION": "bf16"}
-    res = subprocess.run([sys.executable, "train.py", "--preset", "paper", "--dry-run"], cwd=ROOT, env=env,
-                         capture_output=True, text=True, timeout=120)
+    res = run_main("train.py", "--preset", "paper", "--dry-run", env={"ACCELERATE_MIXED_PRECISION": "bf16"})
     assert res.returncode == 0, res.stderr[-2000:]
     out = res.stdout
     for expected in ['"model": "Qwen/Qwen2.5-7B-Instruct"', '"group_size": 8', '"questions_per_step": 32', '"lr": 1e-06',
@@ -98,9 +93,7 @@ def test_fsdp_accumulates_without_no_sync_so_the_estimate_holds_sharded_gradient
 
 @pytest.mark.parametrize("preset, gib", [("gpu-24gb", 24), ("gpu-80gb", 80)])
 def test_one_gpu_presets_fit_their_gpu_by_the_estimate_printed_by_the_dry_run(preset, gib):
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "ACCELERATE_MIXED_PRECISION": "bf16"}
-    res = subprocess.run([sys.executable, "train.py", "--preset", preset, "--dry-run"], cwd=ROOT, env=env,
-                         capture_output=True, text=True, timeout=120)
+    res = run_main("train.py", "--preset", preset, "--dry-run", env={"ACCELERATE_MIXED_PRECISION": "bf16"})
     assert res.returncode == 0, res.stderr[-2000:]
     one_gpu = res.stdout.split("memory estimate for")[1]
     assert "1 GPU(s), replicated" in one_gpu and '"data": "mixed"' in res.stdout and "mixed precision: bf16" in res.stdout

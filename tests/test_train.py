@@ -16,7 +16,7 @@ from safetensors.torch import load_file
 import modules
 import train
 from scaleout import launch
-from conftest import ROOT, make_tiny_model
+from conftest import ROOT, make_tiny_model, run_main
 from engine import HFEngine, encode_chat
 from memory import Memory
 
@@ -27,8 +27,9 @@ TINY = ["--data", "arithmetic", "--group-size", "2", "--questions-per-step", "2"
         "--verifier-tokens", "3", "--generator-tokens", "3", "--lr", "1e-3", "--sample-every", "1"]
 
 
-def run_train(args, **kw):
-    out = subprocess.run([sys.executable, "train.py", *args], cwd=ROOT, capture_output=True, text=True, timeout=600, **kw)
+def run_train(args):
+    """train.py's command line in this process (conftest.run_main); it must succeed."""
+    out = run_main("train.py", *args)
     assert out.returncode == 0, out.stderr[-3000:]
     return out
 
@@ -311,7 +312,10 @@ def test_stop_then_resume_gives_the_same_parameters_as_an_uninterrupted_run(tiny
     full, part = tmp_path / "full", tmp_path / "part"
     run_train(TINY + ["--model", str(tiny_model_dir), "--out", str(full), "--steps", "3", "--checkpoint-every", "1"])
     run_train(TINY + ["--model", str(tiny_model_dir), "--out", str(part), "--steps", "2", "--checkpoint-every", "1"])
-    run_train(["--resume", str(part), "--steps", "3"])
+    # The resume starts a process of its own, as after a stop: it has only what the run folder holds.
+    res = subprocess.run([sys.executable, "train.py", "--resume", str(part), "--steps", "3"], cwd=ROOT,
+                         capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:]
     a, b = final_params(full, 3), final_params(part, 3)
     assert a.keys() == b.keys()
     for k in a:
@@ -326,8 +330,7 @@ def test_stop_then_resume_gives_the_same_parameters_as_an_uninterrupted_run(tiny
     assert (part / "samples" / "step-000003.txt").read_text().startswith("QUESTION:")
     # A new run into the finished run's folder is refused: it would append to its metrics.
     before = (part / "metrics.jsonl").read_text()
-    res = subprocess.run([sys.executable, "train.py", *TINY, "--model", str(tiny_model_dir), "--out", str(part)],
-                         cwd=ROOT, capture_output=True, text=True, timeout=300)
+    res = run_main("train.py", *TINY, "--model", tiny_model_dir, "--out", part)
     assert res.returncode != 0 and "already holds a run" in res.stderr and f"--resume {part}" in res.stderr
     assert (part / "metrics.jsonl").read_text() == before
 
