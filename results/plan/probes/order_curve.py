@@ -25,7 +25,7 @@ for label, (name, color) in runs.items():
     paid.plot(steps, [r["reward_by_kind"][KIND] for r in rows], color=color, label=f"{label}, sampled in training")
     first.plot(steps, [sum(v for k, v in p.items() if k.startswith("Python_Coder")) / m for p, m in zip(plans, n)],
                color=color, label=label)
-    summaries = {0: "untrained-greedy", 12: f"step12-greedy-{name}", 24: f"step24-greedy-{name}"}
+    summaries = {0: "untrained-greedy", **{step: f"step{step}-greedy-{name}" for step in (6, 12, 18, 24)}}
     greedy = {step: json.loads((plan / f"eval-0938973-order-{s}.summary.json").read_text())["accuracy"]
               for step, s in summaries.items()}
     paid.plot(list(greedy), list(greedy.values()), "o--", color=color, label=f"{label}, greedy on 20 test questions")
