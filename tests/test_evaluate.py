@@ -300,41 +300,41 @@ def test_the_run_says_which_sizes_it_used(runs):
 # Bad input: one clear line, non-zero exit
 
 
-def error_of(argv, capsys) -> str:
-    """Run main(argv) in-process and return its error message (argparse's or SystemExit's)."""
-    with pytest.raises(SystemExit) as e:
-        evaluate.main([str(a) for a in argv])
-    assert e.value.code not in (0, None)
-    return (e.value.code if isinstance(e.value.code, str) else "") + capsys.readouterr().err
+def error_of(argv) -> str:
+    """evaluate.py's command line in this process, which must fail: its error message (argparse's or the
+    SystemExit's), as it would be on stderr."""
+    proc = run_cli(*argv)
+    assert proc.returncode != 0
+    return proc.stderr
 
 
-def test_bad_inputs_exit_with_a_message_that_says_what_to_change(tiny_model_dir, tmp_path, capsys):
+def test_bad_inputs_exit_with_a_message_that_says_what_to_change(tiny_model_dir, tmp_path):
     # --data and --out are valid unless the case is about them, so each case fails for its own reason only.
     out = ["--data", "arithmetic", "--out", tmp_path / "o"]
-    assert "is not a suite" in error_of([*out, "--data", "no_such_suite"], capsys)
-    assert "--n must be >= 1" in error_of([*out, "--n", 0], capsys)
-    assert "not both" in error_of(["--model", tiny_model_dir, "--checkpoint", tmp_path, *out], capsys)
-    assert "--out DIR is required" in error_of(["--data", "arithmetic", "--n", 1], capsys)
-    assert "unknown tool" in error_of(["--tools", "Python_Coder,Hammer", *out], capsys)
-    assert "--fixed-tool takes tools of --tools" in error_of([*out, "--fixed-tool", "Hammer"], capsys)
-    assert "--fixed-tool takes tools of --tools" in error_of([*out, "--fixed-tool", "Python_Coder,Hammer"], capsys)
-    assert "--fixed-tool takes tools of --tools" in error_of([*out, "--fixed-tool", ","], capsys)
-    assert "--fixed-tool takes tools of --tools" in error_of([*out, "--fixed-tool", "Python_Coder", "--mode", "direct"], capsys)
-    assert "--oracle must be router or planner" in error_of([*out, "--oracle", "sometimes"], capsys)
-    assert "--oracle replaces the planner" in error_of([*out, "--oracle", "router", "--fixed-tool", "Python_Coder"], capsys)
-    assert "ask for n <=" in error_of([*out, "--n", 10**6], capsys)
-    assert "--json needs --compare" in error_of(["--json", tmp_path / "t.json"], capsys)
-    assert "summary.json not found" in error_of(["--compare", tmp_path], capsys)
+    assert "is not a suite" in error_of([*out, "--data", "no_such_suite"])
+    assert "--n must be >= 1" in error_of([*out, "--n", 0])
+    assert "not both" in error_of(["--model", tiny_model_dir, "--checkpoint", tmp_path, *out])
+    assert "--out DIR is required" in error_of(["--data", "arithmetic", "--n", 1])
+    assert "unknown tool" in error_of(["--tools", "Python_Coder,Hammer", *out])
+    assert "--fixed-tool takes tools of --tools" in error_of([*out, "--fixed-tool", "Hammer"])
+    assert "--fixed-tool takes tools of --tools" in error_of([*out, "--fixed-tool", "Python_Coder,Hammer"])
+    assert "--fixed-tool takes tools of --tools" in error_of([*out, "--fixed-tool", ","])
+    assert "--fixed-tool takes tools of --tools" in error_of([*out, "--fixed-tool", "Python_Coder", "--mode", "direct"])
+    assert "--oracle must be router or planner" in error_of([*out, "--oracle", "sometimes"])
+    assert "--oracle replaces the planner" in error_of([*out, "--oracle", "router", "--fixed-tool", "Python_Coder"])
+    assert "ask for n <=" in error_of([*out, "--n", 10**6])
+    assert "--json needs --compare" in error_of(["--json", tmp_path / "t.json"])
+    assert "summary.json not found" in error_of(["--compare", tmp_path])
     # Checkpoints: each missing piece is named.
     empty = tmp_path / "empty"
     empty.mkdir()
-    assert "incomplete: no config.json" in error_of(["--checkpoint", empty, *out], capsys)
+    assert "incomplete: no config.json" in error_of(["--checkpoint", empty, *out])
     (empty / "planner").mkdir()
     shutil.copy(tiny_model_dir / "config.json", empty / "planner")
-    assert "no weights" in error_of(["--checkpoint", empty, *out], capsys)
+    assert "no weights" in error_of(["--checkpoint", empty, *out])
     shutil.copy(tiny_model_dir / "model.safetensors", empty / "planner")
-    assert "no tokenizer files" in error_of(["--checkpoint", empty, *out], capsys)
-    assert "no such folder" in error_of(["--checkpoint", tmp_path / "nope", *out], capsys)
+    assert "no tokenizer files" in error_of(["--checkpoint", empty, *out])
+    assert "no such folder" in error_of(["--checkpoint", tmp_path / "nope", *out])
     assert not (tmp_path / "o").exists()  # nothing was written for a refused run
 
 

@@ -267,14 +267,13 @@ def test_cli_oracle_and_compare_report_the_paired_difference(tiny_model_dir, tmp
     assert row.rstrip(" |").endswith(f"n={paired['n']}")
 
 
-def test_oracle_needs_the_plan_fields_and_a_kind(tiny_model_dir, tmp_path, capsys):
+def test_oracle_needs_the_plan_fields_and_a_kind(tiny_model_dir, tmp_path):
     # In process: each refusal comes before any model is loaded (parser.error exits 2 with the message on
     # stderr; the missing fields, after the questions are read, exit with the message itself).
     def refusal(*args):
-        with pytest.raises(SystemExit) as e:
-            evaluate.main([*map(str, args), "--model", str(tiny_model_dir), "--out", str(tmp_path / "o")])
-        assert e.value.code != 0
-        return f"{e.value.code} {capsys.readouterr().err}"
+        proc = run_cli(*args, "--model", tiny_model_dir, "--out", tmp_path / "o")
+        assert proc.returncode != 0
+        return proc.stderr
 
     assert "--oracle router needs 'tools' fields" in refusal("--data", "arithmetic", "--n", 2, "--oracle", "router", *FAST)
     assert "--oracle planner needs 'tools' and 'sub_goals' fields" in refusal("--data", "arithmetic", "--n", 2,

@@ -3,7 +3,6 @@
 Run: python -m pytest -q tests/test_rollout.py
 """
 
-
 import pytest
 import torch
 

@@ -6,7 +6,6 @@ under FSDP (train.py accumulates without no_sync there), sizes in GiB; the one-G
 Run: python -m pytest -q tests/test_scaling.py
 """
 
-
 import pytest
 from accelerate.commands.config.config_args import ClusterConfig
 
