@@ -222,12 +222,16 @@ def test_as_text_gives_output_or_error_line_after_output():
 
 def test_live_sandbox_processes_finds_marked_processes():
     env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), sandbox.MARKER_NAME: "test-marker"}
-    proc = subprocess.Popen(["sleep", "30"], env=env)
+    # Between fork and exec /proc/PID/environ is still this process's, without the marker: the child
+    # says "ready" once it runs with its own environment (sh, which then becomes sleep, same pid).
+    proc = subprocess.Popen(["sh", "-c", "echo ready; exec sleep 30"], env=env, stdout=subprocess.PIPE)
     try:
+        assert proc.stdout.readline() == b"ready\n"
         assert proc.pid in live_sandbox_processes()
     finally:
         proc.kill()
         proc.wait()
+        proc.stdout.close()
     assert proc.pid not in live_sandbox_processes()
 
 
