@@ -1,4 +1,4 @@
-"""The run built to show the broadcast (results/plan/history.md, first section): sum-then-fact, whose
+"""The run built to show the broadcast (results/plan/history.md, second section): sum-then-fact, whose
 right plan starts with Python_Coder, trained on 4 of every 6 questions for 24 steps, the broadcast
 beside last-turn credit. Per step, of the kind's 24 trajectories: the share paid and the share that
 started with Python_Coder; with the greedy accuracy on its 20 test questions as points. Run from the
