@@ -23,14 +23,10 @@ from rollout import RolloutConfig, rollout
 from tools import TOOLS, Toolbox
 
 from conftest import run_main
+from test_evaluate import error_of, run_cli
 
 FAST = ["--max-turns", "2", "--analysis-tokens", "0", "--planner-tokens", "8", "--executor-tokens", "8",
         "--verifier-tokens", "4", "--generator-tokens", "8"]
-
-
-def run_cli(*args):
-    """evaluate.py's command line in this process (conftest.run_main)."""
-    return run_main("evaluate.py", *args)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -271,9 +267,7 @@ def test_oracle_needs_the_plan_fields_and_a_kind(tiny_model_dir, tmp_path):
     # In process: each refusal comes before any model is loaded (parser.error exits 2 with the message on
     # stderr; the missing fields, after the questions are read, exit with the message itself).
     def refusal(*args):
-        proc = run_cli(*args, "--model", tiny_model_dir, "--out", tmp_path / "o")
-        assert proc.returncode != 0
-        return proc.stderr
+        return error_of([*args, "--model", tiny_model_dir, "--out", tmp_path / "o"])
 
     assert "--oracle router needs 'tools' fields" in refusal("--data", "arithmetic", "--n", 2, "--oracle", "router", *FAST)
     assert "--oracle planner needs 'tools' and 'sub_goals' fields" in refusal("--data", "arithmetic", "--n", 2,
