@@ -6,8 +6,8 @@ turn whose action is the tool alone (it learns to route: README). Under cpu-plan
 calibrated (--calibrate-tools, bookkeeping/tool_choice.py).
 
 On N test questions of the planning suite (environment/planning.py: calculations and facts, one step
-each, and two multi-step kinds, fact-then-sum and two-hop, whose step 2 needs what step 1 found),
-the same questions for every row:
+each, and three multi-step kinds, fact-then-sum, two-hop and sum-then-fact, whose step 2 needs what
+step 1 found; sum-then-fact's step 1 is Python_Coder), the same questions for every row:
 
     1. base model alone      evaluate.py --mode direct       no tools
     2. AgentFlow             evaluate.py --mode agent        the untrained planner

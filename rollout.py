@@ -23,8 +23,8 @@ so the loss mask is simply the planner's own response tokens).
 Simplifications vs. the official code:
 - The verifier is not called after the last allowed turn: its verdict could not change anything.
   `verify` off (the CPU demo) skips it altogether: every trajectory runs max_turns turns.
-- A tool of kind "sub-goal" (Fact_Lookup) takes the planner's sub-goal, then the question, as its
-  command ("founder of X | Who founded X?"): no executor call.
+- A tool of kind "sub-goal" (Fact_Lookup) takes the planner's sub-goal, the question, then what the
+  earlier steps found as its command ("founder of X | Who founded X? || ..."): no executor call.
 - Frozen modules decode greedily (temperature 0) so that the reward varies with the planner's choices,
   not with executor/generator sampling noise. The planner samples at `temperature`.
 - Every module's reply starts with a forced prefix that pins its format (modules.py); for the planner
@@ -193,7 +193,8 @@ def known(memory: Memory) -> str:
 
 def execute(need, frozen, cfg) -> None:
     """Step 3 of a turn: set each valid action's command. A "sub-goal" tool (Fact_Lookup) takes the
-    planner's sub-goal, then the question, which an executor would also have seen; a code tool runs the
+    planner's sub-goal, then the question, then what the earlier steps found, as an executor would see
+    them; a code tool runs the
     one arithmetic expression a sub-goal holds ("57 + 1856" in "Finds 57 + 1856") as it is; the others
     ask the frozen executor, one batched call per tool (each has its own forced prefix), with what the
     earlier steps found as the context."""
@@ -202,6 +203,8 @@ def execute(need, frozen, cfg) -> None:
         if TOOLS[turn.tool].kind == "sub-goal":
             sub_goal = turn.sub_goal.strip()
             turn.command = sub_goal if sub_goal == tr.query.strip() else f"{sub_goal} | {tr.query}"
+            if known(tr.memory):  # the context, after " || ": read for a year only (environment/facts.py)
+                turn.command += f" || {known(tr.memory)}"
         elif TOOLS[turn.tool].kind == "code" and modules.arithmetic_in(turn.sub_goal):  # the program already
             turn.command = f"print({modules.arithmetic_in(turn.sub_goal)})"
     need = [tr for tr in need if TOOLS[tr.turns[-1].tool].kind != "sub-goal" and not tr.turns[-1].command]
@@ -239,11 +242,17 @@ def rollout(queries, planner, frozen, toolbox: Toolbox, cfg: RolloutConfig, exam
         # 2. Planner: batched calls for every live trajectory; each action is a Turn (a training row).
         t0 = time.perf_counter()
         chats = [modules.planner_prompt(tr.query, tr.analysis, tr.tools, tr.memory, cfg.memory_chars) for tr in live]
-        queries = [tr.query for tr in live]
-        turns = (plan_chosen(planner, chats, queries, t, choices, tools, cfg, offsets.get(min(t, 2))) if choices
-                 else plan_free(planner, chats, queries, tools, cfg))
-        for tr, turn in zip(live, turns):
-            tr.turns.append(turn)
+        if not choices:
+            for tr, turn in zip(live, plan_free(planner, chats, [tr.query for tr in live], tools, cfg)):
+                tr.turns.append(turn)
+        else:  # one call per previous tool when calibrated: each draws with its own offsets
+            after = [tr.turns[-1].tool if t > 1 and offsets else "" for tr in live]
+            for key in dict.fromkeys(after):
+                rows = [i for i, a in enumerate(after) if a == key]
+                turns = plan_chosen(planner, [chats[i] for i in rows], [live[i].query for i in rows], t, choices,
+                                    tools, cfg, offsets.get(key))
+                for i, turn in zip(rows, turns):
+                    live[i].turns.append(turn)
         _tick(live, "planner", t0)
 
         # The planner's stop ends a trajectory here: no executor, no tool, nothing added to the memory.

@@ -53,10 +53,11 @@ TOOLS = {t.name: t for t in [  # Tool(name, description, input, kind)
          "one line of Python that prints the result", "code"),
     Tool("Local_Search", "finds encyclopedia articles about a name",
          "a short search query naming the person, city, company or invention", "text"),
-    # No executor: the command is the sub-goal and then the question (rollout.py), as an executor
-    # would see both. A sub-goal that names the entity and the fact decides what is asked; one
-    # that names none leaves the question to do it (why no executor: results/route/history.md).
-    Tool("Fact_Lookup", "finds a fact about a person, city, company or invention (who, when, where)",
+    # No executor: the command is the sub-goal, the question, then what the earlier steps found
+    # (rollout.py), as an executor would see them. A sub-goal that names the entity and the fact
+    # decides what is asked; one that names none leaves the question to do it; the earlier findings
+    # give only a year (environment/facts.py; why no executor: results/route/history.md).
+    Tool("Fact_Lookup", "finds a fact about a person, city, company or invention, by its name or its year (who, when, where)",
          "the planner's sub-goal, then the question: what to find and the name it is about", "sub-goal"),
     Tool("Wikipedia_Search", "finds the introductions of Wikipedia pages, for real-world facts (needs internet)",
          "a short search query", "text"),

@@ -79,32 +79,37 @@ def choice_logits(engine, chat, prefix: str, choices) -> list[float]:
     return engine.model(input_ids=ids).logits[0, -1, list(choices)].float().tolist()
 
 
-def tool_offsets(planner, tools, choices, cfg) -> dict[int, dict[int, float]]:
-    """--calibrate-tools ("calibrate before use", Zhao et al. 2021): per turn (1; 2 and later),
-    {token id: offset}, what rollout.plan_chosen adds to each offered tool's logit (the logits do not
-    depend on which tools a turn offers), so that on a question that says nothing the planner prefers
-    no tool. The 135M planner's first token follows the list's order (the first tool listed leads by
-    about 5 nats on every question: README, "The multi-step planner"), which hides the question's own
-    pull. The offsets are the planner's own, taken anew at every rollout (rollout.rollout): untrained,
-    the planner's weights are the frozen model's; in training, an update that moves a tool up for every
-    question alike (the tool choice drifting to one tool for every kind at once) moves it up on "N/A"
-    too, and the next rollout takes that out again, so what training keeps is what differs between
-    questions. Each Turn records the offsets it was drawn with, and the update adds the same ones.
-    A checkpoint evaluated computes them from itself, as its last training rollout did.
+def tool_offsets(planner, tools, choices, cfg) -> dict[str, dict[int, float]]:
+    """--calibrate-tools ("calibrate before use", Zhao et al. 2021): {"": turn 1's, tool: a turn's after
+    a step of that tool}, each {token id: offset}, what rollout.plan_chosen adds to each offered tool's
+    logit (the logits do not depend on which tools a turn offers), so that on a question that says
+    nothing the planner prefers no tool. The 135M planner's first token follows the list's order (the
+    first tool listed leads by about 5 nats on every question: README, "The multi-step planner"), and
+    after a step it follows the memory (a step of Python_Coder makes Python_Coder likelier again), which
+    hides the question's own pull. The offsets are the planner's own, taken anew at every rollout
+    (rollout.rollout): untrained, the planner's weights are the frozen model's; in training, an update
+    that moves a tool up for every question alike (the tool choice drifting to one tool for every kind
+    at once) moves it up on "N/A" too, and the next rollout takes that out again, so what training
+    keeps is what differs between questions. Each Turn records the offsets it was drawn with, and the
+    update adds the same ones. A checkpoint evaluated computes them from itself, as its last training
+    rollout did.
 
-        offset(tool) = -logit_planner(tool | "Question: N/A", memory: none, or one step of N/A)
+        offset(tool) = -logit_planner(tool | "Question: N/A", memory: none, or one step of the previous tool on N/A)
         offset(Done) = the mean offset of the tools that run
 
     The stop keeps the model's own odds against the average tool: calibrated like a tool, it led every
     tool after one step (39 of 64 two-hop trajectories stopped there; README)."""
-    empty, step = Memory(), Memory()
-    step.add("N/A", "N/A", "N/A", "N/A")
+    memories = {"": Memory()}
+    for name in tools:
+        if not is_stop(name):
+            memories[name] = Memory()
+            memories[name].add(name, "N/A", "N/A", "N/A")
     out = {}
-    for t, memory in ((1, empty), (2, step)):
+    for key, memory in memories.items():
         z = choice_logits(planner, modules.planner_prompt("N/A", "", tools, memory, cfg.memory_chars),
                           modules.PLANNER_PREFIX, choices)
         run = [-zi for zi, name in zip(z, tools) if not is_stop(name)]
-        out[t] = {c: sum(run) / len(run) if is_stop(name) else -zi for c, zi, name in zip(choices, z, tools)}
+        out[key] = {c: sum(run) / len(run) if is_stop(name) else -zi for c, zi, name in zip(choices, z, tools)}
     return out
 
 

@@ -20,7 +20,16 @@ The command is read loosely, because a frozen 135M executor writes it:
                each attribute scored by how many of its keywords the command holds; a tie goes to
                the attribute named just before the entity ("the headquarters city of X"), then to
                the first listed; none named: every fact of the entity, on one line
-    nothing    no entity named: an "Error: ..." line that says what the input must name
+    year       no entity named, but a year and a kind of entity: the entity of that kind whose founding,
+               invention or birth year it is ("city founded in 743: Gykrou"), or the attribute asked of it
+               ("population of Gykrou, the city founded in 743: 855,700"). The year is the last one
+               written in the context (below), else in the first part that writes one ("700 + 43 = 743"
+               asks 743); the tool does no arithmetic: "the year 27 * 26 + 41" asks no year
+    context    after " || ", what the earlier steps found (rollout.py sends it), as an executor would
+               fill in a command: read only for the year, which it gives first ("population of the city
+               founded in the year 27 * 26 + 41 || 743" asks 743). An entity is never taken from it:
+               the bridge of a two-hop question is the planner's to carry
+    nothing    neither: an "Error: ..." line that says what the input must name
 
 One hop only: "the city where the founder of Zhervym Motors was born" gives a fact of Zhervym Motors,
 not of its founder. A two-step question needs a second lookup that names the founder, which is what
@@ -71,6 +80,14 @@ ATTRIBUTES = {
     ],
 }
 KINDS = tuple(ATTRIBUTES)
+# The year lookup, by kind of entity: (the year attribute, label in the result, keywords of the kind).
+BY_YEAR = {
+    "cities": ("founded", "city founded in", [r"city", r"cities", r"town"]),
+    "companies": ("founded", "company founded in", [r"compan(?:y|ies)", r"firm"]),
+    "inventions": ("year", "invention made in", [r"inventions?", r"invented", r"made"]),
+    "people": ("birth_year", "person born in", [r"born", r"person", r"people"]),
+}
+YEAR = r"(?<![\d,.])(\d{3,4})(?![\d,])"
 # Characters before an entity's name searched for the attribute that a tie goes to: in "In what year
 # was the headquarters city of X founded?" the headquarters city (2 keywords, "headquarters city of")
 # ties with the founding year (2, "year", "founded"), and the relation written next to the name is the
@@ -112,7 +129,7 @@ def _has(pattern: str, text: str) -> bool:
 def lookup(command) -> str:
     """The fact the command asks for, '<attribute> of <entity>: <value>'; never raises (see the docstring).
 
-    A command of several parts, "sub-goal | question" (what rollout.py sends), is read part by part:
+    A command of several parts, "sub-goal | question || context" (what rollout.py sends), is read part by part:
     the first part that names an entity decides, and a later part only names the attribute when that
     part names none ("Zhelleis Vraelein | In which city was the founder of X born?" asks Zhelleis
     Vraelein's birth city, not X's founder). A part that ends in a copied finding, "founder of X:
@@ -122,6 +139,7 @@ def lookup(command) -> str:
     >>> lookup("Who founded Noullysk Foundry?")
     'founder of Noullysk Foundry: Brukras Veirtha'
     """
+    command, _, context = command.partition(" || ") if isinstance(command, str) else (command, "", "")
     written = command.split(" | ") if isinstance(command, str) else [""]
     # A part that ends in a copied finding, "... maker of X: Larhy Motors", is about the value it found:
     # what one lookup found is what the next is asked about (a two-hop question's second hop).
@@ -136,7 +154,37 @@ def lookup(command) -> str:
                     return lookup(" | ".join(written[i + 1:]))
                 return _lookup_one(part + " " + rest)
             return _lookup_one(part)
-    return _lookup_one(command)
+    return _by_year([context] + written if context.strip() else written) or _lookup_one(command)
+
+
+def _by_year(parts: list[str]) -> str | None:
+    """The entity whose year a command that names none asks ("city founded in 743"), as one line; None
+    when no part writes a year or no kind of entity is named. Read as lookup() reads a command: the
+    year is the last one written in the first part that writes one, and that part names the kind and
+    the attribute asked, a later part only what that part leaves out."""
+    i = next((i for i, p in enumerate(parts) if re.search(YEAR, p)), None)
+    if i is None:
+        return None
+    year = int(re.findall(YEAR, parts[i])[-1])
+    texts = [parts[i].lower(), " ".join(parts).lower()]
+    # The kind: the one named last ("founder of the company founded in 1861" asks of a company).
+    named = next((hits for t in texts if (hits := [(m.start(), kind) for kind, (_, _, keys) in BY_YEAR.items()
+                                                    for k in keys for m in re.finditer(rf"(?<![a-z]){k}(?![a-z])", t)])), None)
+    if not named:
+        return None
+    kind = max(named)[1]
+    attribute, label, _ = BY_YEAR[kind]
+    world, _, _ = _world()
+    found = [e for e in world[kind] if e[attribute] == year]
+    if not found:
+        return f"Error: Fact_Lookup found no {label} {year}; name an entity, or a year that one of its kind has"
+    # Another attribute of the kind asked ("population of the city founded in 743"): its value.
+    asked = next((hits for t in texts if (hits := [(a, lab) for a, lab, keys in ATTRIBUTES[kind]
+                                                    if a != attribute and any(_has(k, t) for k in keys)])), None)
+    if asked and len(found) == 1:
+        a, lab = asked[0]
+        return f"{lab} of {found[0]['name']}, the {label} {year}: {value(kind, found[0], a)}"
+    return f"{label} {year}: {'; '.join(e['name'] for e in found)}"
 
 
 def _found(part: str) -> str:

@@ -1,7 +1,7 @@
 """The "planning" suite: questions whose right plan differs in length and order from one kind to the
 next, so that a planner that plans well beats every fixed plan (the CPU demo's suite).
 
-Four kinds, each example naming its right plan: the tools in order (`tools`) and a hand-written
+Five kinds, each example naming its right plan: the tools in order (`tools`) and a hand-written
 sub-goal for each step (`sub_goals`, what evaluate.py's oracle planner writes):
 
     calculation    "What is 4821 * 37?"                                  Python_Coder
@@ -12,10 +12,21 @@ sub-goal for each step (`sub_goals`, what evaluate.py's oracle planner writes):
     two-hop        "In which city was the founder of Zhervym Motors      Fact_Lookup ("founder of Zhervym
                     born?"                                               Motors"), then Fact_Lookup
                                                                          ("birth city of Zhelleis Vraelein")
+    sum-then-fact  "What is the population of the city founded in the     Python_Coder ("27 * 26 + 41"),
+                    year 27 * 26 + 41?"                                  then Fact_Lookup ("population of
+                                                                         the city founded in 743")
 
-In the two multi-step kinds step 2 needs what step 1 found: the question alone does not hold the year
-or the founder, and the tool of step 2 reads only the question and the planner's sub-goal and context
-(the executor never sees the memory), so the planner's own words must carry the result forward.
+In the three multi-step kinds step 2 needs what step 1 found: the question alone does not hold the
+year, the founder or the sum. They test two different things:
+- fact-then-sum and two-hop, the planner's words: the tool of step 2 reads the question and the
+  planner's sub-goal, and takes no entity from the memory (Fact_Lookup) or runs the sum the sub-goal
+  writes (Python_Coder), so the planner's own sub-goal carries the result forward;
+- sum-then-fact, the order of the turns: Fact_Lookup reads a year from what the earlier steps found
+  (as an executor would fill in a command: environment/facts.py), so after a Python_Coder step any
+  sub-goal finds the city, but a plan that starts with a lookup has found nothing by the last turn
+  (the question writes no year and the tool does no arithmetic). It is the one kind whose first step
+  is not Fact_Lookup: only turn 1's choice of Python_Coder leads anywhere, a choice that credit given
+  to the last turn alone never trains.
 
 Shaped to fit a frozen 135M executor and generator (each measured with the oracle planner, README):
 - calculation keeps the shapes the executor turns into a correct one-line program most of the time
@@ -23,7 +34,12 @@ Shaped to fit a frozen 135M executor and generator (each measured with the oracl
 - fact questions are corpus.py's one-hop questions, answered by Fact_Lookup's one labelled line;
 - fact-then-sum ends in a sum (the executor writes the numbers of a subtraction in either order);
 - two-hop questions are corpus.py's two-hop questions whose second hop is one Fact_Lookup of the
-  bridge entity that the first hop named.
+  bridge entity that the first hop named;
+- sum-then-fact writes only two-digit numbers (a * b + c) and asks a number, a city's population, and
+  only of years that one city was founded in
+  (Fact_Lookup's year lookup then names one city): asked a company, an invention or a person of a
+  year, the generator answered the year itself (correct for 0 to 9 of 20 with the oracle planner's
+  memory; the population: 20 of 20).
 
 The split is question-level: a hash of the query (tasks._in_test_split) puts each into train or test,
 so no test question is trained on (an entity can appear in both, with another question).
@@ -33,13 +49,14 @@ Test:  python -m pytest -q tests/test_planning.py
 """
 
 import random
+from collections import Counter
 
 from environment import corpus
 from environment.facts import ATTRIBUTES, KINDS, _world
 
-PARTS = ("calculation", "fact", "fact-then-sum", "two-hop")
-SHARES = (3, 3, 2, 2)  # of every 10 questions: 3 calculations, 3 facts, 4 multi-step
-MULTI_STEP = ("fact-then-sum", "two-hop")
+PARTS = ("calculation", "fact", "fact-then-sum", "two-hop", "sum-then-fact")
+SHARES = (2, 2, 2, 2, 2)  # of every 10 questions: 2 calculations, 2 facts, 6 multi-step
+MULTI_STEP = ("fact-then-sum", "two-hop", "sum-then-fact")
 
 
 def calculation_pool(seed: int, size: int = 4000):
@@ -96,6 +113,25 @@ def fact_then_sum_pool(seed: int):
                    "kind": "fact-then-sum", "tools": ["Fact_Lookup", "Python_Coder"],
                    "sub_goals": [_ask(e["id"], attribute), f"{k} + {e[attribute]}"], "intermediate": str(e[attribute]),
                    "addend": k}
+
+
+def sum_then_fact_pool(seed: int):
+    """A sum, then a fact of the city founded in that year: "What is the population of the city founded
+    in the year 700 + 43?" (the population of the city founded in 743). Only years that one city has;
+    three questions per city, each with its own addend."""
+    rng = random.Random(seed)
+    world, _, _ = _world()
+    templates = ["What is the population of the city founded in the year {a} + {k}?",
+                 "How many people live in the city that was founded in the year {a} + {k}?"]
+    years = Counter(c["founded"] for c in world["cities"])
+    for city in world["cities"]:
+        y = city["founded"]
+        if years[y] > 1:  # the year must name one city
+            continue
+        for i, k in enumerate(rng.sample(range(11, 100), 3)):
+            yield {"query": templates[i % 2].format(a=y - k, k=k), "answer": city["population"], "task": "exact",
+                   "kind": "sum-then-fact", "tools": ["Python_Coder", "Fact_Lookup"],
+                   "sub_goals": [f"{y - k} + {k}", f"population of the city founded in {y}"], "intermediate": str(y)}
 
 
 # corpus.py's two-hop question kinds: (attribute of the named entity that names the bridge, attribute

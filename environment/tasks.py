@@ -228,12 +228,12 @@ def _in_test_split(query: str) -> bool:
 @functools.lru_cache(maxsize=None)
 def _pool(suite: str) -> dict:
     """{"train": [...], "test": [...]} of one generated suite, built once per process."""
-    if suite in ("calculation", "fact", "fact-then-sum", "two-hop"):  # the parts of the planning suite
+    if suite in ("calculation", "fact", "fact-then-sum", "two-hop", "sum-then-fact"):  # the planning suite's parts
         from environment import planning
 
         make = functools.partial({"calculation": planning.calculation_pool, "fact": planning.fact_pool,
-                                  "fact-then-sum": planning.fact_then_sum_pool, "two-hop": planning.two_hop_pool}[suite],
-                                 POOL_SEED)
+                                  "fact-then-sum": planning.fact_then_sum_pool, "two-hop": planning.two_hop_pool,
+                                  "sum-then-fact": planning.sum_then_fact_pool}[suite], POOL_SEED)
     else:
         make = {"arithmetic": _arithmetic_pool, "game24": _game24_pool, "lookup": _lookup_pool}[suite]
     splits, seen = {"train": [], "test": []}, set()

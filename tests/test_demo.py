@@ -7,7 +7,7 @@ import json
 
 import demo
 from conftest import run_main
-from environment import tasks
+from environment import planning, tasks
 
 
 def test_fixed_plans_are_every_sequence_of_the_tools_up_to_max_turns_without_done():
@@ -52,7 +52,7 @@ def test_demo_writes_the_table_the_learning_curve_and_the_trajectories_before_an
             d = e["minus_last"]
             assert d["system"] == demo.TRAINED and d["n"] == e["n"]
             assert -1 <= d["ci95_low"] <= d["difference"] <= d["ci95_high"] <= 1
-    assert {e["suite"] for e in entries} == {"calculation", "fact", "fact-then-sum", "two-hop", "all"}
+    assert {e["suite"] for e in entries} == {"calculation", "fact", "fact-then-sum", "two-hop", "sum-then-fact", "all"}
     # The oracle planner follows each question's plan within the two turns: a step and Done, or two steps.
     plan = {e["query"]: (e["tools"] + ["Done"])[:2] for e in tasks.load("planning", n=5)}
     records = [json.loads(line) for line in (out / "eval-oracle-planner" / "results.jsonl").read_text().splitlines()]
@@ -72,7 +72,7 @@ def test_demo_writes_the_table_the_learning_curve_and_the_trajectories_before_an
     assert "greedy test accuracy during training" in markdown
     # One multi-step question of each kind among the demo's, its G trajectories before and after training.
     text = (out / "trajectories.txt").read_text()
-    kinds = {e["kind"] for e in tasks.load("planning", n=5)} & {"fact-then-sum", "two-hop"}
+    kinds = {e["kind"] for e in tasks.load("planning", n=5)} & set(planning.MULTI_STEP)
     group = json.loads((out / "train" / "config.json").read_text())["group_size"]
     assert kinds and text.count("  untrained: ") == text.count("  trained: ") == len(kinds)
     assert len([line for line in text.splitlines() if line.startswith(("    right  ", "    wrong  "))]) == 2 * group * len(kinds)

@@ -38,6 +38,35 @@ def test_fact_lookup_gives_the_first_hop_of_every_two_hop_question():
         assert facts.lookup(e["query"]).startswith(e["sub_goals"][0] + ":"), e["query"]
 
 
+def test_fact_lookup_finds_the_entity_of_a_year_and_does_no_arithmetic():
+    """A command that names no entity but a year and a kind: the entity of that year, or the fact asked
+    of it; the year is the last one written in the first part that writes one, never a computed one."""
+    assert facts.lookup("city founded in 1566") == "city founded in 1566: Pequisk"
+    assert facts.lookup("population of the city founded in 1566") == (
+        "population of Pequisk, the city founded in 1566: 1,334,000")
+    # The year carried by the sub-goal, the rest from the question.
+    question = "How many people live in the city that was founded in the year 1500 + 66?"
+    for sub_goal in ("1566", "Found 1566", "1500 + 66 = 1566", "city founded in 1566"):
+        assert facts.lookup(f"{sub_goal} | {question}").endswith("Pequisk, the city founded in 1566: 1,334,000"), sub_goal
+    assert "1566" not in facts.lookup(question)  # the question alone asks 1500: the tool does no sum
+    # sum-then-fact's step 2: the year from what the earlier steps found (after " || "), before any the
+    # sub-goal or the question writes.
+    for sub_goal in ("Find the population", "Found 2023", question):
+        assert facts.lookup(f"{sub_goal} | {question} || 1566").endswith("Pequisk, the city founded in 1566: 1,334,000")
+    assert facts.lookup(f"{question} || 1566; 1,334,000").endswith("1,334,000")  # the last finding's year
+    # An entity is never taken from the context: the question's entity decides (a two-hop's bridge is
+    # the planner's to carry), and a context that writes no year adds nothing.
+    hop = "In which city was the founder of Noullysk Foundry born?"
+    assert facts.lookup(f"{hop} || founder of Noullysk Foundry: Brukras Veirtha") == facts.lookup(hop)
+    assert "1566" not in facts.lookup(f"{question} || 1,334,000; no year")  # the question's 1500 then
+    # The kind named last decides; a year several entities share names them all; none: an error.
+    assert facts.lookup("founder of the company founded in 1847") == (
+        "founder of Thaerkiv Dynamics, the company founded in 1847: Dezhiv Teiskan")
+    assert facts.lookup("city founded in 843") == "city founded in 843: Gykrou; Raskyndeirn"
+    assert facts.lookup("city founded in 1999").startswith("Error: Fact_Lookup found no city founded in 1999")
+    assert facts.lookup("What is 1856 * 37?").startswith("Error: Fact_Lookup found no person")  # no kind named
+
+
 def test_fact_lookup_reads_a_command_part_by_part_and_the_first_part_that_names_an_entity_decides():
     """"sub-goal | question" (rollout.py's command): the first part naming an entity decides what is
     asked; a later part only supplies the attribute when that part names none, and never its entity."""
@@ -102,7 +131,8 @@ def test_fact_lookup_error_names_what_it_was_given():
 
 def test_fact_lookup_fuzz_never_raises():
     rng = random.Random(0)
-    words = ["founder", "year", "city", "Noullysk", "Veirtha", "born", "population", "Fulyrn", "?", "of", "the", "\n"]
+    words = ["founder", "year", "city", "Noullysk", "Veirtha", "born", "population", "Fulyrn", "?", "of", "the", "\n",
+             "1566", "843", "+", "company"]
     for _ in range(300):
         text = " ".join(rng.choice(words) for _ in range(rng.randint(0, 12)))
         assert isinstance(facts.lookup(text), str)

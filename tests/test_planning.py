@@ -1,4 +1,4 @@
-"""The planning suite (the CPU demo's): its four kinds and splits, that each example's right plan
+"""The planning suite (the CPU demo's): its five kinds and splits, that each example's right plan
 (tools and hand-written sub-goals) answers it, the oracle router and the oracle planner, and the
 paired difference that --compare reports. Fact_Lookup itself: tests/test_facts.py.
 Run: python -m pytest -q tests/test_planning.py
@@ -35,25 +35,28 @@ FAST = ["--max-turns", "2", "--analysis-tokens", "0", "--planner-tokens", "8", "
 
 def test_planning_splits_are_disjoint_deterministic_and_prefix_stable():
     train, test = tasks.load("planning", split="train"), tasks.load("planning", split="test")
-    assert len(train) > 1000 and len(test) > 200
+    assert len(train) > 800 and len(test) > 150  # every kind as many as sum-then-fact's 216 questions
     assert not {e["query"] for e in train} & {e["query"] for e in test}
     assert len({e["id"] for e in train + test}) == len(train) + len(test)
     a, b = tasks.load("planning", n=100, seed=0), tasks.load("planning", n=100, seed=0)
     assert [e["query"] for e in a] == [e["query"] for e in b]
     assert [e["query"] for e in tasks.load("planning", n=100, seed=1)] != [e["query"] for e in a]
-    # 3 : 3 : 2 : 2, so 40 of 100 are multi-step, and every example names its right plan: the tools in
+    # Equal shares, so 60 of 100 are multi-step, and every example names its right plan: the tools in
     # order and a sub-goal for each step.
-    assert Counter(e["suite"] for e in a) == {"calculation": 30, "fact": 30, "fact-then-sum": 20, "two-hop": 20}
+    assert Counter(e["suite"] for e in a) == {"calculation": 20, "fact": 20, "fact-then-sum": 20, "two-hop": 20,
+                                              "sum-then-fact": 20}
     assert all(e["tools"] == {"calculation": ["Python_Coder"], "fact": ["Fact_Lookup"],
                               "fact-then-sum": ["Fact_Lookup", "Python_Coder"],
-                              "two-hop": ["Fact_Lookup", "Fact_Lookup"]}[e["suite"]] for e in train + test)
+                              "two-hop": ["Fact_Lookup", "Fact_Lookup"],
+                              "sum-then-fact": ["Python_Coder", "Fact_Lookup"]}[e["suite"]] for e in train + test)
     assert all(e["kind"] == e["suite"] and len(e["sub_goals"]) == len(e["tools"]) for e in train + test)
     assert all(set(e["tools"]) <= set(TOOLS) for e in a)
     assert "two-step" not in {e["kind"] for e in train + test}  # the old kind is gone
 
 
 def test_each_kind_has_hand_written_sub_goals_in_fact_lookups_words():
-    """The worked examples of planning.py's docstring: a fact then a sum, and a two-hop question."""
+    """The worked examples of planning.py's docstring: a fact then a sum, a two-hop question, and a sum
+    then a fact (Pequisk, the one city founded in 1566)."""
     by_query = {e["query"]: e for e in tasks.load("planning", split="train") + tasks.load("planning", split="test")}
     founded = next(e for q, e in by_query.items() if q.endswith("plus the year in which Noullysk Foundry was founded?"))
     k = founded["addend"]
@@ -62,8 +65,12 @@ def test_each_kind_has_hand_written_sub_goals_in_fact_lookups_words():
     hop = by_query["In which city was the founder of Noullysk Foundry born?"]
     assert hop["sub_goals"] == ["founder of Noullysk Foundry", "birth city of Brukras Veirtha"]
     assert hop["intermediate"] == "Brukras Veirtha" and hop["answer"] == "Fulyrn"
-    fact = by_query["In which city was Brukras Veirtha born?"]
-    assert fact["sub_goals"] == ["birth city of Brukras Veirtha"] and fact["answer"] == "Fulyrn"
+    fact = next(e for e in by_query.values() if e["kind"] == "fact")
+    assert len(fact["sub_goals"]) == 1 and any(w in fact["query"] for w in fact["sub_goals"][0].split(" of ")[-1:])
+    year = next(e for e in by_query.values() if e["kind"] == "sum-then-fact" and e["intermediate"] == "1566")
+    [k] = [int(x) for x in re.findall(r"\+ (\d+)", year["query"])]
+    assert year["sub_goals"] == [f"{1566 - k} + {k}", "population of the city founded in 1566"]
+    assert year["answer"] == 1334000  # Pequisk's
     calc = next(e for e in by_query.values() if e["kind"] == "calculation")
     assert calc["sub_goals"] == [calc["query"]]  # the question is the program's own sub-goal
 
@@ -101,6 +108,13 @@ def test_the_right_plan_answers_every_question():
             assert facts.lookup(step[1]).endswith(f": {e['answer']}"), e["sub_goals"]
             assert e["intermediate"] in e["sub_goals"][1] and e["intermediate"] not in e["query"]
             assert not facts.lookup(e["query"]).endswith(f": {e['answer']}")  # one hop only: step 2 is needed
+        elif e["suite"] == "sum-then-fact":
+            assert _value_of(e["sub_goals"][0]) == int(e["intermediate"])  # step 1: the sum, run as written
+            assert modules.arithmetic_in(e["query"]) == e["sub_goals"][0]
+            assert e["intermediate"] in e["sub_goals"][1] and e["intermediate"] not in e["query"]
+            for carried in (step[1], f"{e['intermediate']} | {e['query']}"):  # the year carried, named or bare
+                assert facts.lookup(carried).endswith(f": {e['answer']:,}"), carried
+            assert not facts.lookup(e["query"]).endswith(f": {e['answer']:,}")  # no arithmetic: step 1 is needed
         else:
             m = re.fullmatch(r"What is (.*)\?", e["query"])
             numbers = [int(x) for x in re.findall(r"\d+", e["query"])]
@@ -210,7 +224,10 @@ def test_oracle_planner_sends_its_hand_written_sub_goals_to_the_tools_and_answer
         assert len(tr.memory.steps) == len(e["tools"])  # Done adds nothing to the memory
         for t, goal in zip(tr.turns, e["sub_goals"]):
             if t.tool == "Fact_Lookup":
-                assert t.command == f"{goal} | {e['query']}" and not t.result.startswith("Error")
+                # The sub-goal, the question, then what the earlier steps found (read for a year only).
+                found = "; ".join(s.result.strip() for s in tr.memory.steps[:tr.turns.index(t)])
+                assert t.command == f"{goal} | {e['query']}" + (f" || {found}" if found else "")
+                assert not t.result.startswith("Error")
         if e["suite"] == "two-hop":
             assert tr.turns[0].result.endswith(": " + e["intermediate"]) and tr.turns[1].result.endswith(f": {e['answer']}")
         if e["suite"] == "fact-then-sum":
@@ -292,7 +309,7 @@ def test_without_the_verifier_every_trajectory_runs_max_turns_and_fact_lookup_ne
                     Toolbox(cfg.tool_names(), llm=frozen), cfg, examples=examples)
     assert [len(tr.turns) for tr in trajs] == [2, 2] and {tr.stop_reason for tr in trajs} == {"max_turns"}
     assert not any("check whether" in s or "input of a tool" in s for s in calls)  # only the generator ran
-    assert all(t.command == e["query"] for e, tr in zip(examples, trajs) for t in tr.turns)
+    assert [t.command for t in trajs[0].turns] == [examples[0]["query"], f"{examples[0]['query']} || {trajs[0].turns[0].result}"]
 
 
 class Planner:

@@ -263,19 +263,24 @@ def test_calibrated_tools_prefer_no_tool_on_a_question_that_says_nothing_and_eve
                         planner_tokens=3, executor_tokens=6, generator_tokens=4, verify=False, tools=",".join(tools))
     offsets = tool_offsets(frozen, tools, choices, cfg)
     done = choices[2]
-    assert set(offsets[1]) == set(offsets[2]) == set(choices)
-    assert offsets[2][done] == pytest.approx((offsets[2][choices[0]] + offsets[2][choices[1]]) / 2)
-    step = Memory()
-    step.add("N/A", "N/A", "N/A", "N/A")
-    for t, memory in ((1, Memory()), (2, step)):
+    # Turn 1's (""), and after a step of each tool that runs: a step of Python_Coder pulls the 135M
+    # planner to Python_Coder again, a pull that says nothing of the question.
+    assert set(offsets) == {"", "Fact_Lookup", "Python_Coder"} and all(set(o) == set(choices) for o in offsets.values())
+    assert offsets["Python_Coder"][done] == pytest.approx((offsets["Python_Coder"][choices[0]] + offsets["Python_Coder"][choices[1]]) / 2)
+    assert offsets["Python_Coder"][choices[0]] != pytest.approx(offsets["Fact_Lookup"][choices[0]])
+    for key in offsets:
+        memory = Memory()
+        if key:
+            memory.add(key, "N/A", "N/A", "N/A")
         z = choice_logits(frozen, modules.planner_prompt("N/A", "", tools, memory, cfg.memory_chars),
                           modules.PLANNER_PREFIX, choices[:2])
-        assert z[0] + offsets[t][choices[0]] == pytest.approx(0.0, abs=1e-5)
-        assert z[1] + offsets[t][choices[1]] == pytest.approx(0.0, abs=1e-5)
-    trajs = rollout(["Who founded Zhervym Motors?"] * 3, frozen, frozen, Toolbox(tools, llm=frozen), cfg)
+        assert z[0] + offsets[key][choices[0]] == pytest.approx(0.0, abs=1e-5)
+        assert z[1] + offsets[key][choices[1]] == pytest.approx(0.0, abs=1e-5)
+    trajs = rollout(["Who founded Zhervym Motors?"] * 6, frozen, frozen, Toolbox(tools, llm=frozen), cfg)
     for tr in trajs:
         for t, turn in enumerate(tr.turns, 1):
-            assert turn.first_choices == {c: offsets[t][c] for c in choices[:1 + t]}  # Done from turn 2 on
+            key = tr.turns[t - 2].tool if t > 1 else ""  # the offsets of the trajectory's own previous tool
+            assert turn.first_choices == {c: offsets[key][c] for c in choices[:1 + t]}  # Done from turn 2 on
     plain = rollout(["Who founded Zhervym Motors?"], frozen, frozen, Toolbox(tools, llm=frozen),
                     RolloutConfig(**{**cfg.__dict__, "calibrate_tools": False}))
     assert all(isinstance(turn.first_choices, tuple) for turn in plain[0].turns)
@@ -296,11 +301,11 @@ def test_calibration_offsets_are_the_planners_own_not_the_frozen_models(tokenize
     cfg = RolloutConfig(max_turns=2, temperature=0.7, tool_temperature=1.0, calibrate_tools=True, analysis_tokens=0,
                         planner_tokens=3, executor_tokens=6, generator_tokens=4, verify=False, tools=",".join(tools))
     own, other = tool_offsets(planner, tools, choices, cfg), tool_offsets(frozen, tools, choices, cfg)
-    assert own[1][choices[0]] != pytest.approx(other[1][choices[0]])
+    assert own[""][choices[0]] != pytest.approx(other[""][choices[0]])
     trajs = rollout(["Who founded Zhervym Motors?"] * 2, planner, frozen, Toolbox(tools, llm=frozen), cfg)
     for tr in trajs:
         for t, turn in enumerate(tr.turns, 1):
-            assert turn.first_choices == {c: own[t][c] for c in choices[:1 + t]}
+            assert turn.first_choices == {c: own[tr.turns[t - 2].tool if t > 1 else ""][c] for c in choices[:1 + t]}
 
 
 def test_a_python_coder_sub_goal_that_holds_arithmetic_runs_it_as_it_is_without_an_executor_call():
@@ -333,14 +338,15 @@ def test_a_python_coder_sub_goal_that_holds_arithmetic_runs_it_as_it_is_without_
 
 def test_a_question_of_several_lines_is_the_whole_fallback_sub_goal():
     """A planner action without a sub-goal falls back to the question: all of its lines, so that
-    Fact_Lookup gets the question itself as its command."""
+    Fact_Lookup gets the question itself as its command (turn 2's followed by what turn 1 found)."""
     q = "Who founded Noullysk Foundry?\nReply with a name."
     for analysis_tokens in (0, 4):  # the prompt's question is followed by the steps, or by an analysis
         eng = ScriptedEngine([])
         cfg = RolloutConfig(max_turns=2, verify=False, analysis_tokens=analysis_tokens, tools="Fact_Lookup,Python_Coder")
         [tr] = rollout([q], baselines.FixedPlan("Fact_Lookup"), eng, Toolbox(cfg.tool_names(), llm=eng), cfg)
-        assert [(t.sub_goal, t.command) for t in tr.turns] == [(q, q)] * 2
-        assert tr.turns[0].result == "founder of Noullysk Foundry: Brukras Veirtha"
+        found = "founder of Noullysk Foundry: Brukras Veirtha"
+        assert [(t.sub_goal, t.command) for t in tr.turns] == [(q, q), (q, f"{q} || {found}")]
+        assert tr.turns[0].result == found
 
 
 def test_the_executor_reads_what_earlier_steps_found_between_the_question_and_the_sub_goal():

@@ -222,21 +222,21 @@ def test_bf16_if_native_is_bf16_only_where_the_cpu_has_bf16_instructions(tiny_mo
 
 
 def test_kinds_give_every_step_as_many_questions_of_each_kind_and_walk_through_each_kind():
-    # --kinds (the planning suite's four): 2 of each kind in every step of 8, no question again before
+    # --kinds (the planning suite's five): 2 of each kind in every step of 10, no question again before
     # its kind's pool is used up; without --kinds the one shuffle of all questions, as before.
     from config import PRESETS
     from environment import tasks
 
-    kinds = ["calculation", "fact", "fact-then-sum", "two-hop"]
+    kinds = ["calculation", "fact", "fact-then-sum", "two-hop", "sum-then-fact"]
     assert set(PRESETS["cpu-plan"]["kinds"].split(",")) == set(kinds)
     examples = tasks.load("planning", split="train", seed=0)
-    cfg, _ = train.parse_args(["--data", "planning", "--questions-per-step", "8", "--mini-batch-questions", "8",
+    cfg, _ = train.parse_args(["--data", "planning", "--questions-per-step", "10", "--mini-batch-questions", "10",
                                "--kinds", ",".join(kinds)])
     steps = [launch.questions_for_step(examples, cfg, s, 0, 1) for s in range(1, 21)]
     assert all([e["kind"] for e in q] == [k for k in kinds for _ in range(2)] for q in steps)
     queries = [e["query"] for q in steps for e in q]
-    assert len(set(queries)) == len(queries) == 160  # 40 of each kind, none twice within the pools' first epoch
-    assert [e["query"] for e in launch.questions_for_step(examples, cfg, 1, 1, 2)] == queries[1:8:2]  # rank 1 of 2
+    assert len(set(queries)) == len(queries) == 200  # 40 of each kind, none twice within the pools' first epoch
+    assert [e["query"] for e in launch.questions_for_step(examples, cfg, 1, 1, 2)] == queries[1:10:2]  # rank 1 of 2
     # A kind listed twice (the cpu-plan preset's multi-step kinds): twice its questions, each pool its own shuffle.
     twice, _ = train.parse_args(["--data", "planning", "--questions-per-step", "6", "--mini-batch-questions", "6",
                                  "--kinds", "calculation,fact,two-hop,two-hop,fact-then-sum,fact-then-sum"])
