@@ -194,8 +194,8 @@ def known(memory: Memory) -> str:
 def execute(need, frozen, cfg) -> None:
     """Step 3 of a turn: set each valid action's command. A "sub-goal" tool (Fact_Lookup) takes the
     planner's sub-goal, then the question, then what the earlier steps found, as an executor would see
-    them; a code tool runs the
-    one arithmetic expression a sub-goal holds ("57 + 1856" in "Finds 57 + 1856") as it is; the others
+    them; a code tool runs the one arithmetic expression a sub-goal holds ("57 + 1856" in "Finds
+    57 + 1856") as it is; the others
     ask the frozen executor, one batched call per tool (each has its own forced prefix), with what the
     earlier steps found as the context."""
     for tr in need:
@@ -203,8 +203,8 @@ def execute(need, frozen, cfg) -> None:
         if TOOLS[turn.tool].kind == "sub-goal":
             sub_goal = turn.sub_goal.strip()
             turn.command = sub_goal if sub_goal == tr.query.strip() else f"{sub_goal} | {tr.query}"
-            if known(tr.memory):  # the context, after " || ": read for a year only (environment/facts.py)
-                turn.command += f" || {known(tr.memory)}"
+            if found := known(tr.memory):  # the context, after " || ": read for a year only (environment/facts.py)
+                turn.command += f" || {found}"
         elif TOOLS[turn.tool].kind == "code" and modules.arithmetic_in(turn.sub_goal):  # the program already
             turn.command = f"print({modules.arithmetic_in(turn.sub_goal)})"
     need = [tr for tr in need if TOOLS[tr.turns[-1].tool].kind != "sub-goal" and not tr.turns[-1].command]
