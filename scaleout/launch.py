@@ -88,7 +88,9 @@ def start(cfg: Config, given, accelerator):
         ckpt = checkpoint.find(cfg.resume)
         saved = checkpoint.load_state(ckpt)
         known = {f.name for f in fields(Config)}  # a checkpoint from an older version may name other fields
-        cfg = Config(**{**{k: v for k, v in saved["config"].items() if k in known},
+        # The run goes on in the folder that holds the checkpoint, wherever the run was first written
+        # (a copied or moved run folder), unless --out says otherwise.
+        cfg = Config(**{**{k: v for k, v in saved["config"].items() if k in known}, "out": str(ckpt.parent.parent),
                         **{k: getattr(cfg, k) for k in given if k != "resume"}, "resume": cfg.resume})
         start_step = saved["step"]
     # Device, precision and processes are the launcher's (accelerate launch, its config file, --mixed_precision).

@@ -5,6 +5,7 @@ Run: python -m pytest -q tests/test_train.py
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -312,10 +313,14 @@ def test_stop_then_resume_gives_the_same_parameters_as_an_uninterrupted_run(tiny
     full, part = tmp_path / "full", tmp_path / "part"
     run_train(TINY + ["--model", str(tiny_model_dir), "--out", str(full), "--steps", "3", "--checkpoint-every", "1"])
     run_train(TINY + ["--model", str(tiny_model_dir), "--out", str(part), "--steps", "2", "--checkpoint-every", "1"])
+    # The run folder is moved before it is resumed: the run goes on where its checkpoint now is.
+    first, part = part, tmp_path / "moved"
+    shutil.move(first, part)
     # The resume starts a process of its own, as after a stop: it has only what the run folder holds.
     res = subprocess.run([sys.executable, "train.py", "--resume", str(part), "--steps", "3"], cwd=ROOT,
                          capture_output=True, text=True, timeout=600)
     assert res.returncode == 0, res.stderr[-3000:]
+    assert not first.exists()
     a, b = final_params(full, 3), final_params(part, 3)
     assert a.keys() == b.keys()
     for k in a:
