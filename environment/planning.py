@@ -12,8 +12,8 @@ sub-goal for each step (`sub_goals`, what evaluate.py's oracle planner writes):
     two-hop        "In which city was the founder of Zhervym Motors      Fact_Lookup ("founder of Zhervym
                     born?"                                               Motors"), then Fact_Lookup
                                                                          ("birth city of Zhelleis Vraelein")
-    sum-then-fact  "What is the population of the city founded in the     Python_Coder ("27 * 26 + 41"),
-                    year 27 * 26 + 41?"                                  then Fact_Lookup ("population of
+    sum-then-fact  "What is the population of the city founded in the     Python_Coder ("700 + 43"),
+                    year 700 + 43?"                                      then Fact_Lookup ("population of
                                                                          the city founded in 743")
 
 In the three multi-step kinds step 2 needs what step 1 found: the question alone does not hold the
@@ -35,11 +35,10 @@ Shaped to fit a frozen 135M executor and generator (each measured with the oracl
 - fact-then-sum ends in a sum (the executor writes the numbers of a subtraction in either order);
 - two-hop questions are corpus.py's two-hop questions whose second hop is one Fact_Lookup of the
   bridge entity that the first hop named;
-- sum-then-fact writes only two-digit numbers (a * b + c) and asks a number, a city's population, and
-  only of years that one city was founded in
-  (Fact_Lookup's year lookup then names one city): asked a company, an invention or a person of a
-  year, the generator answered the year itself (correct for 0 to 9 of 20 with the oracle planner's
-  memory; the population: 20 of 20).
+- sum-then-fact writes one sum (the year less a two-digit number, plus that number) and asks a number,
+  a city's population, and only of years that one city was founded in (Fact_Lookup's year lookup then
+  names one city): asked a company, an invention or a person of a year, the generator answered the
+  year itself (correct for 0 to 9 of 20 with the oracle planner's memory; the population: 20 of 20).
 
 The split is question-level: a hash of the query (tasks._in_test_split) puts each into train or test,
 so no test question is trained on (an entity can appear in both, with another question).
