@@ -89,7 +89,7 @@ PRESETS = {
     # at every rollout, training no longer drifts every kind to one tool at once. lr 2e-4 with a KL
     # term: at 5e-5 the broadcast had not moved sum-then-fact's first tool to Python_Coder by step 12
     # (README); without the KL term 2e-4 degenerated the sub-goals. warmup_steps: AdamW's first step sent
-    # every kind to Fact_Lookup at once; epochs 2: a rollout is most of a step. G 6, 12 steps: README.
+    # every kind to Fact_Lookup at once; epochs 2: a rollout is most of a step. G 6, 16 steps: README.
     # temperature 0.5 (the sub-goal's; the tool is drawn at tool_temperature): at 0.7 the sampled
     # sub-goals before Python_Coder were mostly made-up sums ("21 + 2000"), so Fact_Lookup then
     # Python_Coder rarely paid on fact-then-sum in training although it pays greedily (README).
@@ -102,8 +102,8 @@ PRESETS = {
                      kinds="calculation,fact,fact-then-sum,two-hop,sum-then-fact,sum-then-fact", group_size=6,
                      questions_per_step=6, mini_batch_questions=6, max_turns=2, verify=False, analysis_tokens=0,
                      planner_tokens=16, executor_tokens=24, verifier_tokens=6, generator_tokens=12, memory_chars=500,
-                     temperature=0.5, filter_groups=True, lr=2e-4, warmup_steps=3, epochs=2, steps=12, train_layers=6,
-                     kl_coef=0.02, eval_every=4, eval_n=40, checkpoint_every=12, max_batch=64),
+                     temperature=0.5, filter_groups=True, lr=2e-4, warmup_steps=3, epochs=2, steps=16, train_layers=6,
+                     kl_coef=0.02, eval_every=4, eval_n=40, checkpoint_every=16, max_batch=64),
     # The embedded 135M model on two CPU cores: small groups, short outputs, a higher learning rate
     # (a 135M model moves little at the 7B rate of 1e-6 in a few dozen steps).
     "cpu": dict(model=EMBEDDED, data="mixed", group_size=4, questions_per_step=2, mini_batch_questions=2,
