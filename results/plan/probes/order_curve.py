@@ -1,8 +1,8 @@
-"""The run built to show the broadcast (results/plan/history.md, fourth section): sum-then-fact, whose
+"""The run built to show the broadcast (results/plan/history.md, fifth section): sum-then-fact, whose
 right plan starts with Python_Coder, trained on 4 of every 6 questions for 24 steps, the broadcast
 beside last-turn credit. Per step, of the kind's 24 trajectories: the share paid and the share that
 started with Python_Coder; with the greedy accuracy on its 20 test questions as points. With an
-argument, the runs at that learning rate (--lr 2e-4, 12 steps; history.md, second section). Run from
+argument, the runs at that learning rate (--lr 2e-4, 12 steps; history.md, third section). Run from
 the repository root: python results/plan/probes/order_curve.py [lr2e-4]"""
 import json
 import sys

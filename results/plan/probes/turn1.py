@@ -2,7 +2,7 @@
 how often the planner's turn 1 is Fact_Lookup AND finds the fact the right first step finds (and, of
 those, how many end right). With main's Fact_Lookup, which reads "sub-goal | question", turn 1 finds it
 whatever the sub-goal says; with results/plan/fact-lookup-sub-goal-alone.patch it finds what the
-planner's words ask (results/plan/history.md, third section).
+planner's words ask (results/plan/history.md, fourth section).
 
 Run: python results/plan/probes/turn1.py runs/demo"""
 import json
