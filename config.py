@@ -88,7 +88,7 @@ PRESETS = {
     # calibrate_tools: untrained, the first tool listed leads by ~5 nats on every question; taken from the planner
     # at every rollout, training no longer drifts every kind to one tool at once. lr 2e-4 with a KL
     # term: at 5e-5 the broadcast had not moved sum-then-fact's first tool to Python_Coder by step 12
-    # (README); without the KL term 2e-4 degenerated the sub-goals. warmup_steps: AdamW's first step sent
+    # (results/plan/history.md); without the KL term 2e-4 degenerated the sub-goals. warmup_steps: AdamW's first step sent
     # every kind to Fact_Lookup at once; epochs 2: a rollout is most of a step. G 6, 16 steps: README.
     # temperature 0.5 (the sub-goal's; the tool is drawn at tool_temperature): at 0.7 the sampled
     # sub-goals before Python_Coder were mostly made-up sums ("21 + 2000"), so Fact_Lookup then
