@@ -9,8 +9,9 @@ Test:  python -m pytest -q tests/test_train.py
 
 from dataclasses import dataclass
 
+from bookkeeping.cli import arg
 from bookkeeping.models import EMBEDDED
-from rollout import RolloutConfig, arg
+from rollout import RolloutConfig
 
 
 @dataclass

@@ -61,11 +61,11 @@ from tqdm import tqdm
 import modules
 from scaleout import remote_engine
 from environment import scoring, tasks
-from bookkeeping.cli import SIZES, add_arguments, describe_sizes, machine_sizes, set_sandbox
+from bookkeeping.cli import SIZES, add_arguments, arg, describe_sizes, machine_sizes, set_sandbox
 from bookkeeping.metrics import rollout_stats
 from bookkeeping.models import DTYPES, EMBEDDED, FROZEN_DTYPES, frozen_dtype_of, load_model
 import speedups  # the engine: speedups.FastEngine where it applies, else engine.HFEngine
-from rollout import RolloutConfig, Trajectory, arg, rollout
+from rollout import RolloutConfig, Trajectory, rollout
 from bookkeeping.report import compare, trajectory_json, wilson, write_html
 from baselines import FixedPlan, OraclePlan, fixed_plan
 from tools import Toolbox

@@ -148,7 +148,7 @@ def broadcast(advantages: torch.Tensor, turn_counts) -> torch.Tensor:
 
 
 def agg_loss(per_token: torch.Tensor, mask: torch.Tensor, agg: str = "token-mean", turn_counts=None,
-             normaliser: float | torch.Tensor | None = None, group_size: int | None = None) -> torch.Tensor:
+             normaliser: float | torch.Tensor | None = None) -> torch.Tensor:
     """Reduce a (B, R) per-token loss to a scalar; shared by the policy and the KL term.
 
     agg="token-mean" (official code):  sum_bj m_bj l_bj / normaliser,
@@ -161,8 +161,6 @@ def agg_loss(per_token: torch.Tensor, mask: torch.Tensor, agg: str = "token-mean
     Micro-batching: pass the FULL batch's normaliser (its masked-token count for token-mean, its
     trajectory count for flow) to every micro-batch; the micro-batch losses then sum exactly to
     the full-batch loss, so gradient accumulation needs no further rescaling.
-    group_size (G) is not needed for the value; if given with agg="flow" and no normaliser, it
-    checks that the batch holds whole groups (else the default normaliser would be wrong).
     Masked positions contribute exactly 0 to the value and to the gradient, whatever they hold.
     """
     if agg not in AGGREGATIONS:
@@ -195,9 +193,6 @@ def agg_loss(per_token: torch.Tensor, mask: torch.Tensor, agg: str = "token-mean
     row_weight = 1.0 / (row_turns * row_tokens)  # (B,) = 1/T_i * 1/|a_t|
     if normaliser is None:
         normaliser = (1.0 / row_turns).sum()  # = number of whole trajectories in the batch
-        if group_size is not None and abs(float(normaliser) / group_size - round(float(normaliser) / group_size)) > 1e-4:
-            raise ValueError(f"batch holds {float(normaliser):.3f} trajectories, not whole groups of G={group_size}; "
-                             "pass the full batch's trajectory count as normaliser")
     return (per_token.sum(dim=-1) * row_weight).sum() / normaliser
 
 
@@ -233,7 +228,7 @@ def kl_penalty(logp: torch.Tensor, ref_logp: torch.Tensor, kind: str = "low_var_
 
 def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor,
                 clip_low: float = 0.2, clip_high: float = 0.3, clip_c: float | None = None,
-                agg: str = "token-mean", turn_counts=None, group_size: int | None = None,
+                agg: str = "token-mean", turn_counts=None,
                 normaliser: float | torch.Tensor | None = None) -> tuple[torch.Tensor, dict]:
     """Clipped surrogate loss of Flow-GRPO (PPO-style, per token), aggregated by agg_loss.
 
@@ -250,7 +245,7 @@ def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Te
     the response tokens the planner sampled. With one update per rollout batch old_logp == logp,
     so ratio == 1 and clipping never fires; the full formula stays because the official recipe
     takes several mini-batch steps per rollout batch, where it matters.
-    agg, turn_counts, normaliser, group_size: see agg_loss.
+    agg, turn_counts, normaliser: see agg_loss.
     Returns (loss, stats); stats are detached python floats: clip_frac_low / clip_frac_high
     (fraction of masked tokens where the clip is active for the sign of A: A<0 and ratio < 1-eps_low,
     A>0 and ratio > 1+eps_high), clip_frac (their sum), dual_clip_frac (A<0 and ratio > c, when
@@ -290,8 +285,7 @@ def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Te
 
     # 4. Aggregate: token-mean (official) or the paper's 1/G sum_i 1/T_i sum_t 1/|a_t| sum_j.
     per_token_loss = -objective  # (B, R)
-    loss = agg_loss(per_token_loss, mask, agg=agg, turn_counts=turn_counts, normaliser=normaliser,
-                    group_size=group_size)
+    loss = agg_loss(per_token_loss, mask, agg=agg, turn_counts=turn_counts, normaliser=normaliser)
 
     # 5. Diagnostics over this batch's masked tokens (CleanRL's approx_kl and clipfrac).
     with torch.no_grad():
@@ -316,10 +310,10 @@ def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Te
 
 
 # -----------------------------------------------------------------------------
-# log-probs and entropy from logits
+# log-probs from logits
 
 
-def _scaled_logits(logits: torch.Tensor, temperature: float) -> torch.Tensor:
+def scaled_logits(logits: torch.Tensor, temperature: float) -> torch.Tensor:
     """logits / temperature in float32, making at most one (B, R, V) copy."""
     if not temperature > 0:
         raise ValueError(f"temperature must be > 0, got {temperature}")
@@ -356,20 +350,6 @@ def restrict_first_token(logits: torch.Tensor, batch: dict, temperature: float, 
     return logits.index_put((rows, pos), z)
 
 
-def first_token_fields(choices_per_row, first_pos) -> dict:
-    """batch["first_pos"] (B,), "choices" (B, K) and "choice_offsets" (B, K) for restrict_first_token, from
-    each row's choices (token ids, or {token id: offset}; empty: a free row) and first response position."""
-    if not any(choices_per_row):
-        return {}
-    K, B = max(len(c) for c in choices_per_row), len(choices_per_row)
-    choices, offsets = torch.full((B, K), -1, dtype=torch.long), torch.zeros((B, K))
-    for b, c in enumerate(choices_per_row):
-        choices[b, :len(c)] = torch.tensor(list(c), dtype=torch.long)
-        offsets[b, :len(c)] = torch.tensor([c[i] if isinstance(c, dict) else 0.0 for i in c])
-    pos = torch.tensor([p if c else -1 for c, p in zip(choices_per_row, first_pos)], dtype=torch.long)
-    return {"first_pos": pos, "choices": choices, "choice_offsets": offsets}
-
-
 def token_logprobs(logits: torch.Tensor, targets: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
     """log softmax(logits / temperature)[target] for every position, (B, R, V) -> (B, R).
 
@@ -380,23 +360,9 @@ def token_logprobs(logits: torch.Tensor, targets: torch.Tensor, temperature: flo
     """
     if logits.dim() != 3 or targets.shape != logits.shape[:-1]:
         raise ValueError(f"need logits (B, R, V) and targets (B, R); got {tuple(logits.shape)} and {tuple(targets.shape)}")
-    z = _scaled_logits(logits, temperature)  # (B, R, V)
+    z = scaled_logits(logits, temperature)  # (B, R, V)
     target_z = z.gather(-1, targets.long().unsqueeze(-1)).squeeze(-1)  # (B, R)
     return target_z - torch.logsumexp(z, dim=-1)  # (B, R)
-
-
-def entropy_from_logits(logits: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
-    """Entropy of softmax(logits / temperature) at every position, (B, R, V) -> (B, R).
-
-        H = -sum_v p_v log p_v = logsumexp(z) - sum_v p_v z_v,   p = softmax(z)
-    The second form (verl's) stays finite when a token's probability underflows to 0 (log 0).
-    Used for logging: the official entropy coefficient is 0.
-    """
-    if logits.dim() != 3:
-        raise ValueError(f"need logits (B, R, V), got {tuple(logits.shape)}")
-    z = _scaled_logits(logits, temperature)  # (B, R, V)
-    probs = torch.softmax(z, dim=-1)  # (B, R, V)
-    return torch.logsumexp(z, dim=-1) - (probs * z).sum(dim=-1)  # (B, R)
 
 
 # -----------------------------------------------------------------------------

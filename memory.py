@@ -20,8 +20,7 @@ Simplifications vs. the official code:
 Test: python -m pytest -q tests/test_memory.py
 """
 
-import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 
 
 @dataclass
@@ -101,14 +100,3 @@ class Memory:
             lines.append(f"Command: {cut_middle(s.command, 200)}")
             lines.append(f"Result: {cut_middle(s.result, limit)}")
         return "\n".join(lines)
-
-    # -- serialisation: trajectories are saved as JSON (results.jsonl, sample files) ---------------
-
-    def to_json(self) -> list[dict]:
-        return [asdict(s) for s in self.steps]
-
-    @classmethod
-    def from_json(cls, data) -> "Memory":
-        if isinstance(data, str):
-            data = json.loads(data)
-        return cls([Step(**d) for d in data])

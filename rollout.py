@@ -39,19 +39,16 @@ import time
 from dataclasses import dataclass, field
 
 import modules
+from bookkeeping.cli import EngineSettings, arg
 from bookkeeping.tool_choice import tool_choice_tokens, tool_offsets
 from memory import Memory, cut_middle
 from tools import OFFLINE_TOOLS, TOOLS, Toolbox, check_tool_names, is_stop
 
 
-def arg(default, help: str):
-    """A config field with its one-line help; every script builds its command line from these (bookkeeping/cli.py)."""
-    return field(default=default, metadata={"help": help})
-
-
 @dataclass
-class RolloutConfig:
-    """What one rollout needs. config.Config and evaluate.EvalConfig extend it, so each field is written once."""
+class RolloutConfig(EngineSettings):
+    """What one rollout needs (and, inherited, how the scripts run its engines: bookkeeping/cli.py).
+    config.Config and evaluate.EvalConfig extend it, so each field is written once."""
 
     max_turns: int = arg(3, "T_max: planner turns per trajectory (paper: 3 in training, 10 in evaluation)")
     temperature: float = arg(0.7, "planner sampling temperature (paper: 0.7; 0 = greedy); the frozen modules are greedy")
@@ -67,18 +64,7 @@ class RolloutConfig:
     generator_tokens: int = arg(32, "max new tokens of the final answer")
     memory_chars: int = arg(900, "budget of the rendered memory in every prompt, in characters")
     verify: bool = arg(True, "ask the verifier after every turn but the last (off: every trajectory runs max_turns turns)")
-    max_batch: int = arg(16, "rows per batched generate call of an engine; more prompts are split into chunks")
-    frozen_dtype: str = arg("auto", "weights of the frozen modules' engine (executor, verifier, generator, Base_Generator): "
-                                    "auto = the frozen model's own (train.py: bf16 under Accelerate's bf16, else fp32; "
-                                    "evaluate.py: --dtype's), fp32 or bf16 (a second copy, in that dtype; the planner, the "
-                                    "KL reference and the layers below --train-layers keep theirs), bf16-if-native "
-                                    "(bf16 on a GPU or a CPU with bf16 instructions, avx512_bf16 or amx_bf16; else auto)")
     tools: str = arg(",".join(OFFLINE_TOOLS), "tools the planner may choose from, comma-separated")
-    sandbox: str = arg("", "Python_Coder's isolation: auto (namespaces where the kernel allows, else one line says "
-                           "so), strict (refuse to run without), off (a plain subprocess); '' = $AGENTFLOW_SANDBOX, else auto")
-    speedups: bool = arg(None, "the speed-ups of speedups/ (tested equal to the plain path): unset = on where they apply "
-                               "(one process, a plain KV cache, the tested transformers), else off with one line saying "
-                               "why; --speedups / --no-speedups force them")
 
     def tool_names(self) -> tuple[str, ...]:
         """The --tools list, checked (ValueError names the unknown tool)."""
@@ -194,10 +180,9 @@ def known(memory: Memory) -> str:
 def execute(need, frozen, cfg) -> None:
     """Step 3 of a turn: set each valid action's command. A "sub-goal" tool (Fact_Lookup) takes the
     planner's sub-goal, then the question, then what the earlier steps found, as an executor would see
-    them; a code tool runs the one arithmetic expression a sub-goal holds ("57 + 1856" in "Finds
-    57 + 1856") as it is; the others
-    ask the frozen executor, one batched call per tool (each has its own forced prefix), with what the
-    earlier steps found as the context."""
+    them; a code tool runs the one arithmetic expression a sub-goal holds ("57 + 1856" in "Finds 57 + 1856")
+    as it is; the others ask the frozen executor, one batched call per tool (each has its own forced
+    prefix), with what the earlier steps found as the context."""
     for tr in need:
         turn = tr.turns[-1]
         if TOOLS[turn.tool].kind == "sub-goal":

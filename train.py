@@ -27,10 +27,8 @@ Simplifications vs. the paper / the official code (see flow_grpo.py for the obje
 - Every process rolls out its own questions; there is no separate inference server.
 - The per-step RNG seed is derived from (seed, step, rank), so a resumed run samples exactly what an
   uninterrupted run would have.
-- Precision, device and process count come from the Accelerate launcher and its config files
-  (`accelerate launch --mixed_precision bf16 ...`); the frozen copy is held in bf16 when it says bf16.
-  `--frozen-dtype bf16` runs the frozen modules on a bf16 copy whatever the launcher says (the cpu-plan
-  preset's bf16-if-native: only where the CPU has bf16 instructions); the planner keeps its precision.
+- Precision, device and process count come from the Accelerate launcher and its config files; the frozen
+  copy is held in bf16 when it says bf16. `--frozen-dtype bf16` runs the frozen modules alone on a bf16 copy.
 
 Shapes (as in flow_grpo.py): N trajectories, G group size, B turn-rows of a micro-batch, L row width
 (prompt + response), R response tokens, V vocabulary.
@@ -62,8 +60,9 @@ from bookkeeping.metrics import add_micro_batch, add_optimizer_step, new_update_
 from config import PRESETS, Config  # the run's fields and presets
 from engine import HFEngine, left_pad
 from environment import scoring
-from flow_grpo import (broadcast, first_token_fields, flat_groups, flow_grpo_loss, group_advantages,
-                       restrict_first_token, token_logprobs, turn_rows)
+from bookkeeping.tool_choice import first_token_fields
+from flow_grpo import (broadcast, flat_groups, flow_grpo_loss, group_advantages, restrict_first_token, token_logprobs,
+                       turn_rows)
 from rollout import rollout
 from scaleout import distributed, launch
 from tools import Toolbox
@@ -239,12 +238,11 @@ def make_engines(cfg, accelerator, policy, frozen, tokenizer, remote):
     run, and the line that says so."""
     fast, line = speedups.choose(cfg.speedups, frozen, accelerator.num_processes)
     Engine = speedups.FastEngine if fast else HFEngine
-    # The planner generates with the policy itself, or under FSDP with a plain instance that shares the
-    # gathered weights during a rollout, so that no rank's decoding waits on another's (distributed.py).
+    # The planner generates with the policy itself, or under FSDP with a plain instance sharing the gathered
+    # weights during a rollout, so that no rank's decoding waits on another's (distributed.py).
     planner = Engine(distributed.generation_model(accelerator, policy), tokenizer, max_batch=cfg.max_batch)
-    # With --frozen-engine the executor, verifier, generator and Base_Generator run on a server, with
-    # --frozen-dtype on a copy in that dtype; the local frozen copy then serves as the KL reference pi_ref
-    # (and the frozen bottom) only.
+    # The executor, verifier, generator and Base_Generator run on a server with --frozen-engine, on a copy
+    # with --frozen-dtype; the local frozen copy is then the KL reference pi_ref (and the frozen bottom) only.
     frozen_engine = remote
     if not remote:
         with distributed.load_on_every_rank():  # a --frozen-dtype copy is never wrapped either: real weights on every rank

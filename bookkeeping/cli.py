@@ -1,13 +1,37 @@
-"""The scripts' command lines, off the reading path: one flag per config field, the rollout sizes that fit
-the machine (--sizes), and the --sandbox switch. train.py, evaluate.py and ask.py build on these.
+"""The scripts' command lines, off the reading path: one flag per config field (`arg`), the settings of how
+a script runs its engines (EngineSettings), the rollout sizes that fit the machine (--sizes), and the
+--sandbox switch. train.py, evaluate.py and ask.py build on these.
 
 Test:  python -m pytest -q tests/test_cli.py tests/test_evaluate.py
 """
 
 import argparse
-from dataclasses import fields
+from dataclasses import dataclass, field, fields
 
 from environment import sandbox
+
+
+def arg(default, help: str):
+    """A config field with its one-line help: add_arguments makes it a flag."""
+    return field(default=default, metadata={"help": help})
+
+
+@dataclass
+class EngineSettings:
+    """How a script runs the engines and tools, not what a rollout does: rollout.RolloutConfig extends it,
+    and with it config.Config and evaluate.EvalConfig, so train.py, evaluate.py and ask.py share these flags."""
+
+    max_batch: int = arg(16, "rows per batched generate call of an engine; more prompts are split into chunks")
+    frozen_dtype: str = arg("auto", "weights of the frozen modules' engine (executor, verifier, generator, Base_Generator): "
+                                    "auto = the frozen model's own (train.py: bf16 under Accelerate's bf16, else fp32; "
+                                    "evaluate.py: --dtype's), fp32 or bf16 (a second copy, in that dtype; the planner, the "
+                                    "KL reference and the layers below --train-layers keep theirs), bf16-if-native "
+                                    "(bf16 on a GPU or a CPU with bf16 instructions, avx512_bf16 or amx_bf16; else auto)")
+    sandbox: str = arg("", "Python_Coder's isolation: auto (namespaces where the kernel allows, else one line says "
+                           "so), strict (refuse to run without), off (a plain subprocess); '' = $AGENTFLOW_SANDBOX, else auto")
+    speedups: bool = arg(None, "the speed-ups of speedups/ (tested equal to the plain path): unset = on where they apply "
+                               "(one process, a plain KV cache, the tested transformers), else off with one line saying "
+                               "why; --speedups / --no-speedups force them")
 
 
 def add_arguments(parser: argparse.ArgumentParser, cls, **defaults) -> None:

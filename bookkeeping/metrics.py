@@ -31,9 +31,8 @@ from pathlib import Path
 
 import torch
 
-from flow_grpo import entropy_from_logits, flat_groups
+from flow_grpo import flat_groups, scaled_logits
 from tools import is_error, is_stop
-
 
 
 # Figures measured on the trained rows; a step that trained no row (every group filtered out) has none.
@@ -47,6 +46,20 @@ def new_update_sums() -> dict:
     optimiser steps applied and skipped."""
     return {**dict.fromkeys(UPDATE_SUMS, 0.0), "loss": 0.0, "grad_norm": 0.0, "tokens": 0, "micro": 0,
             "optimizer_steps": 0, "skipped_updates": 0}
+
+
+def entropy_from_logits(logits: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
+    """Entropy of softmax(logits / temperature) at every position, (B, R, V) -> (B, R).
+
+        H = -sum_v p_v log p_v = logsumexp(z) - sum_v p_v z_v,   p = softmax(z)
+    The second form (verl's) stays finite when a token's probability underflows to 0 (log 0).
+    Used for logging: the official entropy coefficient is 0.
+    """
+    if logits.dim() != 3:
+        raise ValueError(f"need logits (B, R, V), got {tuple(logits.shape)}")
+    z = scaled_logits(logits, temperature)  # (B, R, V)
+    probs = torch.softmax(z, dim=-1)  # (B, R, V)
+    return torch.logsumexp(z, dim=-1) - (probs * z).sum(dim=-1)  # (B, R)
 
 
 @torch.no_grad()

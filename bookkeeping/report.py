@@ -20,6 +20,7 @@ own Wilson interval is wide.
 Test: python -m pytest -q tests/test_evaluate.py tests/test_planning.py
 """
 
+import dataclasses
 import html
 import json
 import math
@@ -160,7 +161,7 @@ def trajectory_json(tr) -> dict:
         "stop_reason": tr.stop_reason, "reward": tr.reward, "seconds": tr.seconds,
         "turns": [{k: getattr(t, k) for k in ("planner_text", "tool", "sub_goal", "context", "valid_action",
                                               "command", "result", "verdict")} for t in tr.turns],
-        "memory": tr.memory.to_json(),
+        "memory": [dataclasses.asdict(s) for s in tr.memory.steps],  # memory.Step's fields
     }
 
 

@@ -113,6 +113,21 @@ def tool_offsets(planner, tools, choices, cfg) -> dict[str, dict[int, float]]:
     return out
 
 
+def first_token_fields(choices_per_row, first_pos) -> dict:
+    """batch["first_pos"] (B,), "choices" (B, K) and "choice_offsets" (B, K), from each row's choices (token
+    ids, or {token id: offset}; empty: a free row) and first response position: train.collate adds them,
+    so that flow_grpo.restrict_first_token scores the tool as the rollout drew it."""
+    if not any(choices_per_row):
+        return {}
+    K, B = max(len(c) for c in choices_per_row), len(choices_per_row)
+    choices, offsets = torch.full((B, K), -1, dtype=torch.long), torch.zeros((B, K))
+    for b, c in enumerate(choices_per_row):
+        choices[b, :len(c)] = torch.tensor(list(c), dtype=torch.long)
+        offsets[b, :len(c)] = torch.tensor([c[i] if isinstance(c, dict) else 0.0 for i in c])
+    pos = torch.tensor([p if c else -1 for c, p in zip(choices_per_row, first_pos)], dtype=torch.long)
+    return {"first_pos": pos, "choices": choices, "choice_offsets": offsets}
+
+
 def kind_of(ex) -> str:
     return ex.get("kind") or ex.get("suite") or "all"
 

@@ -29,7 +29,7 @@ Per GPU, with P parameters, W GPUs and FSDP full sharding (DDP and one GPU: noth
                          FSDP's bf16 policy gathers bf16 weights unit by unit instead
     logits               rows x R x vocab x 4 B x 2 in fp32 (the log-softmax over the response positions
                          only, and its gradient); under autocast x 2: the bf16 logits, their fp32
-                         copy (flow_grpo._scaled_logits), both gradients and the entropy's softmax
+                         copy (flow_grpo.scaled_logits), both gradients and the entropy's softmax
     rollout KV cache     rows x L x layers x 2 x kv_heads x head_dim x 2 B (4 B in fp32), for at most 16 rows:
                          the engine generates 16 rows a call (engine.HFEngine.max_batch), however
                          many trajectories the step rolls out

@@ -12,8 +12,9 @@ import random
 import pytest
 import torch
 
-from flow_grpo import (agg_loss, broadcast, entropy_from_logits, flat_groups, group_advantages, kl_penalty,
-                       policy_loss, token_logprobs, turn_rows)
+from bookkeeping.metrics import entropy_from_logits
+from flow_grpo import (agg_loss, broadcast, flat_groups, group_advantages, kl_penalty, policy_loss, token_logprobs,
+                       turn_rows)
 
 
 # -----------------------------------------------------------------------------
@@ -284,7 +285,7 @@ def test_flow_aggregation_weighs_each_trajectory_equally_and_each_turn_by_one_ov
     logp = torch.zeros(4, 4, dtype=torch.float64, requires_grad=True)
     _, row_turns = turn_rows([1, 3])
     loss, _ = policy_loss(logp, logp.detach(), torch.ones(4, dtype=torch.float64), mask, agg="flow",
-                          turn_counts=row_turns, group_size=2)
+                          turn_counts=row_turns)
     loss.backward()
     weights = -logp.grad
     expected = torch.tensor([[1 / 8] * 4, [1 / 6, 0, 0, 0], [1 / 12, 1 / 12, 0, 0], [1 / 24] * 4], dtype=torch.float64)
@@ -312,12 +313,6 @@ def test_micro_batches_with_full_batch_normaliser_sum_to_the_full_batch_loss(agg
     summed = sum(policy_loss(logp[s], old[s], adv[s], mask[s], agg=agg, turn_counts=row_turns[s],
                              normaliser=normaliser)[0] for s in parts)
     torch.testing.assert_close(summed, full)
-
-
-def test_flow_group_size_check_catches_a_batch_of_partial_groups():
-    mask = torch.ones(2, 3)
-    with pytest.raises(ValueError, match="whole groups"):
-        agg_loss(torch.zeros(2, 3), mask, agg="flow", turn_counts=[3, 3], group_size=2)  # 2/3 of a trajectory
 
 
 # -----------------------------------------------------------------------------
@@ -349,7 +344,7 @@ def test_kl_penalty_unknown_kind_names_the_choices():
 
 
 # -----------------------------------------------------------------------------
-# token_logprobs and entropy_from_logits
+# token_logprobs, and bookkeeping.metrics' entropy_from_logits
 
 
 @pytest.mark.parametrize("temperature", [1.0, 0.7, 1.3])

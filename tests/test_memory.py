@@ -1,6 +1,10 @@
-"""Memory rendering, truncation and serialisation.  Run: python -m pytest -q tests/test_memory.py"""
+"""Memory rendering, truncation and how a trajectory's memory is saved.  Run: python -m pytest -q tests/test_memory.py"""
 
+import json
+
+from bookkeeping.report import trajectory_json
 from memory import Memory, cut_middle
+from rollout import Trajectory
 
 
 def test_cut_middle_keeps_head_and_tail_and_says_what_was_cut():
@@ -53,15 +57,13 @@ def test_empty_memory_renders_a_placeholder():
     assert Memory().render() == "(no steps yet)"
 
 
-def test_memory_round_trips_through_json():
-    m = Memory()
-    m.add("Python_Coder", "g", "print(1)", "1")
-    m.steps[-1].verdict = "STOP"
-    again = Memory.from_json(m.to_json())
-    assert again == m
-    import json
-
-    assert Memory.from_json(json.dumps(m.to_json())) == m
+def test_a_saved_trajectory_holds_every_step_of_its_memory():
+    tr = Trajectory("What is 1?")
+    tr.memory.add("Python_Coder", "g", "print(1)", "1")
+    tr.memory.steps[-1].verdict = "STOP"
+    saved = json.loads(json.dumps(trajectory_json(tr)))  # what results.jsonl holds
+    assert saved["memory"] == [{"index": 1, "tool": "Python_Coder", "sub_goal": "g", "command": "print(1)", "result": "1",
+                                "verdict": "STOP"}]
 
 
 def test_a_new_memory_is_fresh():
