@@ -57,10 +57,10 @@ import speedups  # drop-ins for the engine and the update's forward, chosen in m
 from bookkeeping.cli import add_arguments
 from bookkeeping.models import frozen_modules_model
 from bookkeeping.metrics import add_micro_batch, add_optimizer_step, new_update_sums, step_metrics, write_param_digest
+from bookkeeping.tool_choice import first_token_fields
 from config import PRESETS, Config  # the run's fields and presets
 from engine import HFEngine, left_pad
 from environment import scoring
-from bookkeeping.tool_choice import first_token_fields
 from flow_grpo import (broadcast, flat_groups, flow_grpo_loss, group_advantages, restrict_first_token, token_logprobs,
                        turn_rows)
 from rollout import rollout
