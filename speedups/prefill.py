@@ -9,8 +9,10 @@ per row and writes a few dozen. A plain batch wastes much of that prefill in two
 2. Padding. Rows are left-padded to the longest; verifier and generator prompts carry memories of
    different lengths, so up to half of a plain batch is pad positions, computed and thrown away.
 
-Here each distinct shared prefix is run once, and rows run in buckets of similar length, so padding
-stays under ~20%. The result is laid out exactly as the plain left-padded batch, with the KV of every
+Here the prompts become a tree of shared prefixes (prefix_tree): the head every prompt starts with
+once, each question once on top of it, each row's own tail on top of that; each node runs once, on top
+of its parent's KV, and the nodes of a level run in buckets of similar length, so padding stays under
+~20%. The result is laid out exactly as the plain left-padded batch, with the KV of every
 token but each row's last in the cache:
 
     input_ids, attention = left_pad(prompts)          (B, W): what generate is given
@@ -32,6 +34,8 @@ caller falls back to the plain batch and Hugging Face's default cache.
 
 Test: python -m pytest -q tests/test_engine.py
 """
+
+from dataclasses import dataclass
 
 import torch
 from transformers import DynamicCache, StaticCache
@@ -55,40 +59,60 @@ def common_prefix(a, b) -> int:
     return n
 
 
-def plan_prefix_sharing(prompts):
-    """Group rows by a shared prompt prefix: (prefixes, which, cut), or None when nothing is shared.
+# A prefix shared by k rows is computed on its own only when it saves at least this many tokens,
+# (k - 1) x its length: below that, the extra forward call and the copies of its KV into the rows that
+# continue it cost more than the tokens saved.
+MIN_SAVED = 32
 
-    Sorted, rows with common prefixes sit next to each other. Cutting the sorted list wherever two
-    neighbours share fewer than t tokens gives groups whose common prefix is computed once; every row
-    keeps at least its last token for itself (generate must have one token to run), and a row alone
-    keeps all but that token as its "prefix", so it costs what it did. We try every t that occurs and
-    keep the grouping that computes the fewest tokens (the distinct prefixes + every row's rest).
-    Returns the K distinct prefixes, each row's prefix index and each row's prefix length.
+
+@dataclass
+class Node:
+    """Tokens [start, end) of the prompts of `rows`, computed once, on top of the node `parent` (-1: none).
+    Every row of a node has the same first `end` tokens."""
+
+    start: int
+    end: int
+    rows: list
+    parent: int
+    depth: int
+
+
+def prefix_tree(prompts) -> tuple[list[Node], list[int]]:
+    """The prompts' tokens but each row's last (generate runs that one), as a tree of shared prefixes:
+    (nodes, the node at which each row ends). Parents come before their children.
+
+    A training call holds G samples of a few questions: the planner's first turn is the same prompt G
+    times, every planner prompt starts with the same system line and tool list, and later prompts of a
+    question share everything up to where their memories differ. So rows are split where they stop
+    sharing tokens, again and again: the head of every prompt once, each question once on top of it,
+    each row's own tail on top of that. A split that would save fewer than MIN_SAVED tokens is not made:
+    those rows each compute the few tokens they share, as part of their own nodes.
     """
-    if len(prompts) < 2 or min(len(p) for p in prompts) < 2:
-        return None
-    order = sorted(range(len(prompts)), key=lambda i: prompts[i])
-    shared = [common_prefix(prompts[a], prompts[b]) for a, b in zip(order, order[1:])]  # neighbours' common prefix
-    best, best_cost = None, sum(map(len, prompts))  # nothing shared
-    for t in sorted(set(shared) - {0}):
-        groups, runs = [[order[0]]], [[]]  # rows of each group, and the neighbour overlaps inside it
-        for b, s in zip(order[1:], shared):
-            if s >= t:
-                groups[-1].append(b)
-                runs[-1].append(s)
-            else:
-                groups.append([b])
-                runs.append([])
-        prefixes, which, cut = [], [0] * len(prompts), [0] * len(prompts)
-        for g, run in zip(groups, runs):
-            n = min(min(run, default=len(prompts[g[0]])), *(len(prompts[i]) - 1 for i in g))
-            for i in g:
-                which[i], cut[i] = len(prefixes), n
-            prefixes.append(prompts[g[0]][:n])
-        cost = sum(map(len, prefixes)) + sum(len(p) - c for p, c in zip(prompts, cut))
-        if cost < best_cost:
-            best, best_cost = (prefixes, which, cut), cost
-    return best
+    seqs = [p[:-1] for p in prompts]
+    nodes, end_of = [], [0] * len(seqs)
+
+    def grow(rows, start, parent, depth):  # rows share seqs[r][:start] and each has a token past it
+        pending = [rows]
+        while pending:
+            group = pending.pop()
+            n = min(len(seqs[r]) for r in group) - start
+            for r in group[1:]:
+                n = common_prefix(seqs[group[0]][start:start + n], seqs[r][start:start + n])
+            parts = {}  # the group's rows by the token after the shared part (None: a row that ends there)
+            for r in group:
+                parts.setdefault(seqs[r][start + n] if len(seqs[r]) > start + n else None, []).append(r)
+            if len(parts) > 1 and (len(group) - 1) * n < MIN_SAVED:
+                pending.extend(parts.values())  # too little shared: each part computes these n tokens itself
+                continue
+            node = len(nodes)
+            nodes.append(Node(start, start + n, group, parent, depth))
+            for r in parts.pop(None, []):
+                end_of[r] = node
+            for part in parts.values():
+                grow(part, start + n, node, depth + 1)
+
+    grow(list(range(len(seqs))), 0, -1, 0)
+    return nodes, end_of
 
 
 def buckets(lengths, slack: float = 0.8) -> list[list[int]]:
@@ -168,49 +192,41 @@ def prefill(model, prompts, pad: int, room: int):
 
     room: positions to reserve in the cache after the prompts (the tokens generate will add).
 
-    1. Each distinct prefix runs once, in buckets of similar length; we keep each one's KV unpadded.
-    2. Each row's rest (all its tokens after its prefix but the last) runs on top of its prefix's KV,
-       in buckets of similar rest length (the prefixes are left-padded inside a bucket, hidden by the
-       mask).
-    3. Every row's KV (prefix + rest) is placed right-aligned in one (B, heads, W - 1, d) cache per
-       layer, the layout of the plain left-padded batch.
+    1. The nodes of prefix_tree, level by level: each node's tokens run once, on top of its parent's KV
+       (its path: every token before it), nodes of a level in buckets of similar length (the parents
+       left-padded inside a bucket, hidden by the mask). We keep each node's path KV unpadded.
+    2. Every row's KV is the path of the node it ends at; the rows are placed right-aligned in one
+       (B, heads, W - 1, d) cache per layer, the layout of the plain left-padded batch.
     """
     if len(prompts) < 2 or min(len(p) for p in prompts) < 2:
         return None
     if not plain_layers(model):
         return None  # sliding-window or other cache layers: not laid out as one (B, heads, L, d) tensor
     device = model.device
-    plan = plan_prefix_sharing(prompts)
-    if plan is None:  # nothing shared: every row's "prefix" is all but its last token
-        plan = ([p[:-1] for p in prompts], list(range(len(prompts))), [len(p) - 1 for p in prompts])
-    prefixes, which, cut = plan
+    nodes, end_of = prefix_tree(prompts)
+    # 1. The nodes, level by level.
+    path = [None] * len(nodes)  # per node, per layer (heads, end, d): the KV of its rows' first `end` tokens
+    for depth in range(max(node.depth for node in nodes) + 1):
+        level = [k for k, node in enumerate(nodes) if node.depth == depth]
+        for group in buckets([nodes[k].end - nodes[k].start for k in level]):
+            group = [level[j] for j in group]
+            own = [prompts[nodes[k].rows[0]][nodes[k].start:nodes[k].end] for k in group]
+            starts = [nodes[k].start for k in group]
+            width = max(starts)  # the parents' paths, left-padded to the longest in this bucket
+            past = None
+            if width:
+                pre_mask = torch.zeros((len(group), width), dtype=torch.long)
+                for b, s in enumerate(starts):
+                    pre_mask[b, width - s:] = 1
+                past = (_cache_of(model, *_stack([path[nodes[k].parent] for k in group], width)), pre_mask.to(device))
+            ids, mask = left_pad(own, pad)
+            out = _run(model, ids.to(device), mask.to(device), torch.tensor(starts, device=device), past)
+            last = out[0][0].shape[2]  # its parent's path ends the padded block; its own tokens end the row
+            for b, (k, s) in enumerate(zip(group, starts)):
+                sel = torch.cat([torch.arange(width - s, width), torch.arange(last - len(own[b]), last)]).to(device)
+                path[k] = ([t[b, :, sel] for t in out[0]], [t[b, :, sel] for t in out[1]])
 
-    # 1. The distinct prefixes: kv[k] = per layer, (heads, len_k, d).
-    kv = [None] * len(prefixes)
-    for group in buckets([len(p) for p in prefixes]):
-        ids, mask = left_pad([prefixes[k] for k in group], pad)
-        out = _run(model, ids.to(device), mask.to(device), torch.zeros(len(group), dtype=torch.long, device=device))
-        for b, k in enumerate(group):
-            n = len(prefixes[k])
-            kv[k] = ([t[b, :, t.shape[2] - n:] for t in out[0]], [t[b, :, t.shape[2] - n:] for t in out[1]])
-
-    # 2. The rests, on top of their prefixes: rows[i] = per layer, (heads, len_i - 1, d).
-    rows = [kv[which[i]] for i in range(len(prompts))]  # a row with no rest IS its prefix
-    rests = [prompts[i][cut[i]:-1] for i in range(len(prompts))]
-    for group in buckets([len(r) for r in rests]):
-        width = max(cut[i] for i in group)  # the prefixes, left-padded to the longest in this bucket
-        pre_mask = torch.zeros((len(group), width), dtype=torch.long)
-        for b, i in enumerate(group):
-            pre_mask[b, width - cut[i]:] = 1
-        past = (_cache_of(model, *_stack([kv[which[i]] for i in group], width)), pre_mask.to(device))
-        ids, mask = left_pad([rests[i] for i in group], pad)
-        out = _run(model, ids.to(device), mask.to(device), torch.tensor([cut[i] for i in group], device=device), past)
-        for b, i in enumerate(group):
-            end = out[0][0].shape[2]  # its prefix ends the padded prefix block; its rest ends the row
-            sel = torch.cat([torch.arange(width - cut[i], width), torch.arange(end - len(rests[i]), end)]).to(device)
-            rows[i] = ([t[b, :, sel] for t in out[0]], [t[b, :, sel] for t in out[1]])
-
-    # 3. One left-padded cache, W - 1 wide: the plain batch's layout, preallocated with `room` to spare.
+    # 2. One left-padded cache, W - 1 wide: the plain batch's layout, preallocated with `room` to spare.
     input_ids, attention = left_pad(prompts, pad)
     width = input_ids.shape[1]
-    return input_ids, attention, decode_cache(model, width + room, *_stack(rows, width - 1))
+    return input_ids, attention, decode_cache(model, width + room, *_stack([path[end_of[i]] for i in range(len(prompts))], width - 1))

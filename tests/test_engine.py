@@ -12,7 +12,7 @@ import modules
 from engine import HFEngine, encode_chat
 from speedups import generate as fast
 from speedups.generate import FastEngine
-from speedups.prefill import buckets, plan_prefix_sharing, prefill
+from speedups.prefill import MIN_SAVED, buckets, prefill, prefix_tree
 from memory import Memory
 from tools import OFFLINE_TOOLS
 
@@ -25,24 +25,37 @@ def group_chats():
     for q in ("What is 4821 * 37?", "Who founded Rythern Holdings?"):
         for goal in ("multiply the numbers", "look it up", "multiply the numbers"):
             m = Memory()
-            m.add("Python_Coder", goal, "print(1)", "1")
+            m.add("Python_Coder", goal, "print(1)", goal)
             chats.append(modules.planner_prompt(q, "", OFFLINE_TOOLS, m, 600))
     chats.append([{"role": "user", "content": "Hi"}])
     return chats
 
 
-def test_plan_shares_each_group_prefix_once_and_leaves_every_row_a_token():
+def computed(nodes) -> int:
+    return sum(node.end - node.start for node in nodes)
+
+
+def test_prefix_tree_computes_each_shared_prefix_once_and_leaves_every_row_its_last_token():
     same = [[1, 2, 3, 4, 5]] * 4
-    prefixes, which, cut = plan_prefix_sharing(same)
-    assert prefixes == [[1, 2, 3, 4]] and which == [0] * 4 and cut == [4] * 4  # the last token stays the row's own
-    two = [[9] * 30 + [1, 2], [9] * 30 + [1, 3], [7] * 30 + [5], [7] * 30 + [6, 6]]
-    prefixes, which, cut = plan_prefix_sharing(two)
-    assert sorted(map(len, prefixes)) == [30, 31] and which[0] == which[1] != which[2] == which[3]
-    for p, w, c in zip(two, which, cut):
-        assert p[:c] == prefixes[w] and c < len(p)
-    # Nothing shared, or a single row: the plain left-padded batch is as cheap.
-    assert plan_prefix_sharing([[1, 2, 3], [4, 5, 6]]) is None
-    assert plan_prefix_sharing([[1, 2, 3]]) is None
+    nodes, end_of = prefix_tree(same)
+    assert [(n.start, n.end, n.rows) for n in nodes] == [(0, 4, [0, 1, 2, 3])] and end_of == [0] * 4
+    # A head shared by all, then two questions, then each row's own tail: three levels.
+    head, q1, q2 = [9] * 40, [1] * 40, [2] * 40
+    rows = [head + q1 + [5, 6], head + q1 + [7, 8], head + q2 + [5, 6], head + q2 + [7, 8, 9]]
+    nodes, end_of = prefix_tree(rows)
+    assert computed(nodes) == 40 + 2 * 40 + 1 + 1 + 1 + 2  # each row's tail but its last token
+    for r, p in enumerate(rows):  # the path from the row's node to the root holds every token but its last
+        k, spans = end_of[r], []
+        while k >= 0:
+            assert r in nodes[k].rows and nodes[k].parent < k
+            spans.append((nodes[k].start, nodes[k].end))
+            k = nodes[k].parent
+        assert sorted(spans) == [(0, 40), (40, 80), (80, len(p) - 1)]
+    # Rows that share less than MIN_SAVED tokens each compute them: one node a row, nothing shared.
+    few = [[3] * 10 + [1, 2], [3] * 10 + [4, 5]]
+    nodes, _ = prefix_tree(few)
+    assert len(nodes) == 2 and computed(nodes) == 22 and {n.parent for n in nodes} == {-1}
+    assert (2 - 1) * 10 < MIN_SAVED
 
 
 def test_shared_prefix_generation_equals_the_left_padded_batch(tokenizer, monkeypatch):
@@ -50,7 +63,8 @@ def test_shared_prefix_generation_equals_the_left_padded_batch(tokenizer, monkey
     shared = FastEngine(model, tokenizer)
     chats = group_chats()
     prompts = [shared.encode(c, modules.PLANNER_PREFIX) for c in chats]
-    assert plan_prefix_sharing(prompts) is not None, "the test must exercise the shared path"
+    nodes, _ = prefix_tree(prompts)
+    assert max(n.depth for n in nodes) >= 2, "the test must exercise a tree of shared prefixes"
     for temperature in (0.0, 0.7):
         with monkeypatch.context() as m:  # the same sampler and cache, the plain left-padded prefill
             m.setattr(fast, "prefill", lambda *args, **kwargs: None)
