@@ -76,7 +76,7 @@ def choice_logits(engine, chat, prefix: str, choices) -> list[float]:
     """The next token's logits for the `choices` (token ids) after `chat` and `prefix`: one forward pass
     of an engine's model (engine.HFEngine or its speed-up) over the very prompt a rollout encodes."""
     ids = torch.tensor([engine.encode(chat, prefix)], device=engine.model.device)
-    return engine.model(input_ids=ids).logits[0, -1, list(choices)].float().tolist()
+    return engine.model(input_ids=ids, logits_to_keep=1).logits[0, -1, list(choices)].float().tolist()
 
 
 def tool_offsets(planner, tools, choices, cfg) -> dict[str, dict[int, float]]:

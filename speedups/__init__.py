@@ -8,7 +8,8 @@
 
 Each is tested equal to the plain code it replaces (tests/test_engine.py, tests/test_update.py). `choose`
 turns them on where they apply: one process (DDP and FSDP need one forward per backward; the
-shared-prompt update makes two), a model whose KV cache is plain full-attention layers, and the
+shared-prompt update makes two), a model whose KV cache is plain full-attention layers and whose logits
+are its output embeddings of its last hidden state (the update applies the head itself), and the
 transformers version they were tested with. `--speedups` / `--no-speedups` force the choice.
 """
 
@@ -18,7 +19,7 @@ from engine import HFEngine
 from speedups.generate import FastEngine
 from speedups.prefill import plain_layers
 from speedups.frozen_bottom import FrozenBottom
-from speedups.shared_prompt import forward, micro_batches
+from speedups.shared_prompt import forward, micro_batches, plain_head
 
 TESTED_TRANSFORMERS = ("5.24.0",)  # requirements.txt's pin; the tests above ran with it
 
@@ -33,11 +34,12 @@ def choose(requested, model, processes: int = 1) -> tuple[bool, str]:
     version = transformers.__version__
     why_not = ("several processes" if processes > 1 else
                "the model's KV cache is not plain full-attention layers" if not plain_layers(model) else
+               "the model's logits are more than its output embeddings of its last hidden state" if not plain_head(model) else
                f"transformers {version} is not the tested {', '.join(TESTED_TRANSFORMERS)}"
                if version not in TESTED_TRANSFORMERS else "")
     if why_not:
         return False, f"speed-ups off: {why_not} (--speedups forces them on)"
-    return True, "speed-ups on (one process, a plain KV cache, a tested transformers; --no-speedups turns them off)"
+    return True, "speed-ups on (one process, a plain KV cache and head, a tested transformers; --no-speedups turns them off)"
 
 
 def engine(model, tokenizer, on: bool, max_batch: int = 16):

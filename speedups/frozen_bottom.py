@@ -61,7 +61,7 @@ class FrozenBottom:
             if kwargs.get("use_cache"):  # a cache of the top layers only, numbered from 0 in it
                 kwargs[CACHE] = DynamicCache()
             with layers(model, self.frozen, None):
-                return model(inputs_embeds=states[part], **kwargs)
+                return model.get_decoder()(inputs_embeds=states[part], **kwargs)
 
         return shared_prompt.forward(model, batch, call)
 
@@ -72,7 +72,7 @@ class FrozenBottom:
     @torch.no_grad()
     def bottom(self, model, part, input_ids, kwargs, prefix):
         """The hidden states entering layer `frozen`, (rows, tokens, hidden)."""
-        kwargs = {k: v for k, v in kwargs.items() if k != "logits_to_keep"}
+        kwargs = dict(kwargs)
         if part == "prefix":
             kwargs[CACHE] = DynamicCache()
         elif part == "tails":

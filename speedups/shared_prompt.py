@@ -65,8 +65,9 @@ def micro_batches(turns, size: int) -> list[list]:
 
 def forward(model, batch, call=None):
     """train.forward's contract: logits (B, R, V) predicting batch["targets"] of train.collate's batch.
-    `call(model, part, **kwargs)` runs the model on one part, "rows" (the plain forward), "prefix" or
-    "tails"; by default model(**kwargs) (speedups/frozen_bottom.py passes its own)."""
+    `call(model, part, **kwargs)` runs the model's decoder (no language-model head) on one part, "rows"
+    (the plain forward), "prefix" or "tails", and returns its output; by default
+    model.get_decoder()(**kwargs) (speedups/frozen_bottom.py passes its own)."""
     call = call or _call
     ids, attention, R = batch["input_ids"], batch["attention_mask"], batch["mask"].shape[1]
     B, L = ids.shape
@@ -80,35 +81,52 @@ def forward(model, batch, call=None):
     rows = [ids[b, L - lengths[b]:].tolist() for b in range(B)]
     P = min(prompts + [common_prefix(rows[0], r) for r in rows[1:]])  # shared by every row, and prompt only
     if B < 2 or P < MIN_SHARED or (model.training and _checkpointing(model)):
-        out = call(model, "rows", input_ids=ids, attention_mask=attention, position_ids=batch["position_ids"],
-                   logits_to_keep=R + 1, use_cache=False)
-        return out.logits[:, :-1]
+        hidden = call(model, "rows", input_ids=ids, attention_mask=attention, position_ids=batch["position_ids"],
+                      use_cache=False).last_hidden_state  # (B, L, H)
+        return head(model, hidden[:, L - R - 1:L - 1])  # position p predicts token p + 1
     # 1. The prefix once, (1, P); its cache expanded to the B rows, (B, heads, P, d): a view, no copy,
     #    so the gradients of the B rows add up in the prefix's computation.
-    first = call(model, "prefix", input_ids=ids[:1, L - lengths[0]:L - lengths[0] + P], use_cache=True, logits_to_keep=1)
+    first = call(model, "prefix", input_ids=ids[:1, L - lengths[0]:L - lengths[0] + P], use_cache=True)
     cache = expand(getattr(first, CACHE), B)  # prefill.CACHE: the field is past_key_values in transformers 5.17
-    # 2. Each row's own tokens after the prefix, right-padded: (B, T). Tail position j predicts tail
-    #    token j + 1; the language-model head (a 49k vocabulary) runs from the position that predicts
-    #    the first response token of any row (lo) on, and the prefix's last logit predicts tail token 0.
-    T, lo = max(lengths) - P, min(prompts) - P
+    # 2. Each row's own tokens after the prefix, right-padded: (B, T).
+    T = max(lengths) - P
     tail, tail_attention = ids.new_zeros((B, T)), attention.new_zeros((B, T))
     for b in range(B):
         tail[b, :lengths[b] - P] = ids[b, L - lengths[b] + P:]
         tail_attention[b, :lengths[b] - P] = 1
     rest = call(model, "tails", input_ids=tail, attention_mask=torch.cat([attention.new_ones((B, P)), tail_attention], 1),
                 position_ids=(P + torch.arange(T, device=ids.device)).expand(B, T), **{CACHE: cache},
-                use_cache=False, logits_to_keep=T - max(lo - 1, 0)).logits
-    pred = torch.cat([first.logits[:, -1:].expand(B, -1, -1), rest], 1) if lo == 0 else rest  # pred[:, i] predicts tail token lo + i
-    # 3. Back to the batch's layout: position r of row b's (R,) window holds its real token
-    #    lengths[b] - R + r, tail token lengths[b] - R + r - P. A window position before the row's
-    #    response takes a neighbouring logit, which the loss mask leaves out.
-    index = torch.tensor(lengths, device=ids.device)[:, None] - R - P - lo + torch.arange(R, device=ids.device)  # (B, R)
-    index = index.clamp(0, pred.shape[1] - 1)
-    return pred.gather(1, index[..., None].expand(-1, -1, pred.shape[-1]))  # (B, R, V)
+                use_cache=False).last_hidden_state  # (B, T, H)
+    # 3. The hidden states that predict each tail token: pred[:, j] predicts tail token j (the prefix's
+    #    last one predicts tail token 0). Position r of row b's (R,) window holds its real token
+    #    lengths[b] - R + r, tail token lengths[b] - R + r - P: the head (a 49k vocabulary, more work per
+    #    position than the top layers of a small model) then runs on those B x R positions only, not on
+    #    every tail position. A window position before the row's response takes a neighbouring state,
+    #    which the loss mask leaves out.
+    pred = torch.cat([first.last_hidden_state[:, -1:].expand(B, -1, -1), rest], 1)  # (B, 1 + T, H)
+    index = torch.tensor(lengths, device=ids.device)[:, None] - R - P + torch.arange(R, device=ids.device)  # (B, R)
+    index = index.clamp(0, T)
+    return head(model, pred.gather(1, index[..., None].expand(-1, -1, pred.shape[-1])))  # (B, R, V)
+
+
+def head(model, hidden):
+    """The language-model head on hidden states (B, n, H) -> logits (B, n, V): what the model's own
+    forward returns as logits for those positions (speedups.choose turns the speed-ups off for a model
+    whose forward does more, such as soft-capping)."""
+    return model.get_output_embeddings()(hidden)
+
+
+@torch.no_grad()
+def plain_head(model) -> bool:
+    """True when the model's logits are its output embeddings applied to its decoder's last hidden
+    state, as `head` computes them (not so under soft-capping or a logit scale)."""
+    embeddings, ids = model.get_output_embeddings(), torch.tensor([[0, 1, 2]], device=model.device)
+    return embeddings is not None and torch.allclose(
+        model(input_ids=ids).logits, embeddings(model.get_decoder()(input_ids=ids).last_hidden_state), atol=1e-5)
 
 
 def _call(model, part, **kwargs):
-    return model(**kwargs)
+    return model.get_decoder()(**kwargs)
 
 
 def expand(cache, rows: int):

@@ -291,8 +291,9 @@ def test_tool_choice_refuses_tools_whose_names_begin_with_the_same_token(tokeniz
 
 
 def test_speed_ups_are_chosen_where_they_apply_and_the_flag_forces_them(tokenizer, monkeypatch):
-    """speedups.choose: on for one process, a plain KV cache and the tested transformers; off, with the
-    reason, for several processes, another cache or another transformers; --speedups/--no-speedups win."""
+    """speedups.choose: on for one process, a plain KV cache and head and the tested transformers; off,
+    with the reason, for several processes, another cache, a scaled head (Granite's logits_scaling) or
+    another transformers; --speedups/--no-speedups win."""
     import speedups
 
     model = make_tiny_model(len(tokenizer))
@@ -307,4 +308,11 @@ def test_speed_ups_are_chosen_where_they_apply_and_the_flag_forces_them(tokenize
     monkeypatch.setattr(speedups, "plain_layers", lambda model: False)
     on, line = speedups.choose(None, model, 1)
     assert not on and "KV cache" in line
+    monkeypatch.undo()
+    from transformers import GraniteConfig, GraniteForCausalLM
+
+    scaled = GraniteForCausalLM(GraniteConfig(vocab_size=1000, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                              num_attention_heads=4, num_key_value_heads=2, logits_scaling=4.0))
+    on, line = speedups.choose(None, scaled, 1)
+    assert not on and "logits are more than" in line
     assert type(speedups.engine(model, tokenizer, on)) is HFEngine and isinstance(speedups.engine(model, tokenizer, True), FastEngine)

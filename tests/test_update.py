@@ -54,9 +54,10 @@ SHARED = train.RowPath(shared_prompt.micro_batches, shared_prompt.forward)
 
 
 def count_tokens(model) -> list:
-    """Every forward's input tokens, appended to the returned list (a forward pre-hook)."""
+    """Every forward's input tokens, appended to the returned list (a forward pre-hook on the decoder,
+    which the plain forward runs inside the model and the shared-prompt one calls itself)."""
     seen = []
-    model.register_forward_pre_hook(lambda m, args, kwargs: seen.append(kwargs["input_ids"].numel()), with_kwargs=True)
+    model.get_decoder().register_forward_pre_hook(lambda m, args, kwargs: seen.append(kwargs["input_ids"].numel()), with_kwargs=True)
     return seen
 
 
@@ -78,6 +79,24 @@ def test_shared_prompt_logprobs_equal_left_padded_logprobs():
     assert sorted(len(c) for c in chunks) == [2, 2, 3, 4]  # one prompt's 4, two sharing a prefix (3, 2), the other 2
     assert sum(len(c) for c in chunks) == len(rows)  # every row trains, once
     assert tokens["shared"] < tokens["plain"]  # each shared prefix computed once, not once a row
+
+
+def test_the_shared_prompt_forward_runs_the_head_on_the_response_windows_only():
+    """The language-model head (a 49k vocabulary: more work per position than the top layers of the
+    embedded model) runs on each row's (R,) window, B x R positions, not on every tail position; the
+    log-probs stay the plain forward's."""
+    model = make_tiny_model(1000).eval()
+    rows = _rows()
+    [chunk] = [c for c in shared_prompt.micro_batches(rows, 8) if len(c) > 1][:1]
+    batch = train.collate(chunk, 0, "cpu")
+    positions = []
+    model.get_output_embeddings().register_forward_pre_hook(lambda m, args: positions.append(args[0].shape[:2]))
+    with torch.no_grad():
+        shared = token_logprobs(shared_prompt.forward(model, batch), batch["targets"])
+        plain = token_logprobs(train.forward(model, batch), batch["targets"])
+    B, R = batch["mask"].shape
+    assert positions[0] == (B, R)  # once, on the windows (the plain forward's head then runs on R + 1 a row)
+    assert torch.allclose(shared * batch["mask"], plain * batch["mask"], atol=1e-5)
 
 
 def test_rows_that_share_little_stay_plain():
