@@ -79,10 +79,17 @@ class OldCacheNames(torch.nn.Module):
     def device(self):
         return self.inner.device
 
+    def get_decoder(self):  # the decoder alone (speedups/shared_prompt.py runs it), under 5.17's names too
+        return OldCacheNames(self.inner.get_decoder())
+
+    def get_output_embeddings(self):
+        return self.inner.get_output_embeddings()
+
     def forward(self, past_key_values=None, **kwargs):
         assert "cache" not in kwargs, "cache= is not a keyword of transformers 5.17"
         out = self.inner(**{INSTALLED: past_key_values}, **kwargs)
-        return types.SimpleNamespace(logits=out.logits, past_key_values=getattr(out, INSTALLED))
+        fields = {name: getattr(out, name) for name in ("logits", "last_hidden_state") if hasattr(out, name)}
+        return types.SimpleNamespace(**fields, past_key_values=getattr(out, INSTALLED))
 
 
 def test_the_speedups_pass_and_read_the_kv_cache_under_transformers_5_17s_name(tokenizer, monkeypatch):
