@@ -22,9 +22,7 @@ from bookkeeping.models import DTYPES  # noqa: E402
 if len(sys.argv) < 2 or sys.argv[1] not in ("fp32", "int8", "layers"):
     sys.exit(__doc__)
 what, flags = sys.argv[1], sys.argv[2:]
-INT8 = object()  # the frozen copy's "dtype": evaluate.py loads it apart from the planner's model
-evaluate.DTYPES = {**DTYPES, "int8": INT8 if what != "fp32" else torch.float32}
-evaluate.frozen_dtype_of = lambda frozen_dtype, device: "int8"
+INT8 = object()  # the frozen copy's "dtype": evaluate.py then loads it apart from the planner's model
 load = evaluate.load_model
 
 
@@ -35,11 +33,15 @@ def load_quantised(name, dtype=None, device="cpu"):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # torch.ao.quantization's deprecation notice
         if what == "layers":
-            model.model.layers = torch.ao.quantization.quantize_dynamic(model.model.layers, {torch.nn.Linear}, dtype=torch.qint8)
+            decoder = model.get_decoder()
+            decoder.layers = torch.ao.quantization.quantize_dynamic(decoder.layers, {torch.nn.Linear}, dtype=torch.qint8)
         else:
             model = torch.ao.quantization.quantize_dynamic(model, {torch.nn.Linear}, dtype=torch.qint8)
     return model, tokenizer
 
 
-evaluate.load_model = load_quantised
+if what != "fp32":  # fp32: evaluate.py as it is
+    evaluate.DTYPES = {**DTYPES, "int8": INT8}
+    evaluate.frozen_dtype_of = lambda frozen_dtype, device: "int8"
+    evaluate.load_model = load_quantised
 evaluate.main(flags)
